@@ -1,0 +1,1 @@
+"""Platform edges: each turns platform updates into `Inbound` values and renders `Event`s."""

@@ -1,0 +1,67 @@
+"""Typed button data: packed into at most 64 bytes, unpacked in one place.
+
+Buttons carry only a short opaque id; what it refers to lives in the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bot.events import Verdict
+
+MAX_BYTES = 64
+_VERDICT_CODES = {Verdict.APPROVE: "a", Verdict.DENY: "d", Verdict.ALWAYS: "w"}
+_CODE_VERDICTS = {v: k for k, v in _VERDICT_CODES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalButton:
+    approval_id: str
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class CancelButton:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ItemButton:
+    """Cancel a scheduled job (`job`) or revoke a standing rule (`rule`)."""
+
+    kind: Literal["job", "rule"]
+    item_id: str
+
+
+ButtonData = ApprovalButton | CancelButton | ItemButton
+
+
+def pack(data: ButtonData) -> str:
+    match data:
+        case ApprovalButton(approval_id, verdict):
+            out = f"ap:{approval_id}:{_VERDICT_CODES[verdict]}"
+        case CancelButton():
+            out = "cx"
+        case ItemButton(kind, item_id):
+            out = f"{'jc' if kind == 'job' else 'rr'}:{item_id}"
+    if len(out.encode()) > MAX_BYTES:
+        raise ValueError(f"button data over {MAX_BYTES} bytes: {out!r}")
+    return out
+
+
+def unpack(raw: str) -> ButtonData | None:
+    """Parse button data; anything malformed or forged gives None."""
+    if not isinstance(raw, str) or len(raw.encode()) > MAX_BYTES:
+        return None
+    parts = raw.split(":")
+    match parts:
+        case ["ap", approval_id, code] if approval_id.isalnum() and code in _CODE_VERDICTS:
+            return ApprovalButton(approval_id, _CODE_VERDICTS[code])
+        case ["cx"]:
+            return CancelButton()
+        case ["jc", item_id] if item_id.isalnum():
+            return ItemButton("job", item_id)
+        case ["rr", item_id] if item_id.isalnum():
+            return ItemButton("rule", item_id)
+    return None

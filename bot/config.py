@@ -1,0 +1,265 @@
+"""Configuration: one YAML file, `${ENV}` interpolation, `TANDEM_<SECTION>__<KEY>` overrides.
+
+Order of precedence (last wins): built-in defaults, the YAML file, environment overrides.
+A `.env` file beside the config (or in the working directory) fills in environment
+variables that are not already set. Every problem becomes a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bot.errors import ConfigError
+
+Policy = Literal["allow", "ask", "deny"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LLMConfig(Section):
+    model: str = "openai/gpt-4o-mini"
+    api_base: str | None = None
+    api_key: str | None = None
+    context_window: int | None = Field(default=None, gt=0)
+    """Tokens; when unset, from litellm's model info, else 32000."""
+    max_output_tokens: int = Field(default=4096, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0)
+    retries: int = Field(default=2, ge=0)
+    fallbacks: list[str] = Field(default_factory=list)
+    temperature: float | None = None
+
+
+class StoreConfig(Section):
+    path: str = "data/tandem.db"
+
+
+class PersonaConfig(Section):
+    dir: str = "persona"
+    max_file_chars: int = 20_000
+
+
+class WorkspaceConfig(Section):
+    dir: str = "workspace"
+
+
+class Breakers(Section):
+    same_call: int = Field(default=5, ge=1)
+    same_call_failures: int = Field(default=3, ge=1)
+    tool_failures_warn: int = Field(default=6, ge=1)
+    tool_failures_fatal: int = Field(default=8, ge=1)
+    ledger_size: int = Field(default=50, ge=1)
+
+
+class Limits(Section):
+    max_steps: int = Field(default=25, ge=1)
+    tool_output_chars: int = Field(default=16_000, ge=200)
+    shell_timeout_s: float = Field(default=120.0, gt=0)
+    max_message_chars: int = Field(default=200_000, ge=100)
+    breakers: Breakers = Field(default_factory=Breakers)
+
+
+class ApprovalsConfig(Section):
+    tools: dict[str, Policy] = Field(default_factory=dict)
+    expire_after_s: int = Field(default=1800, ge=1)
+    unattended: Literal["deny", "ask"] = "deny"
+
+
+class TelegramGroups(Section):
+    require_mention: bool = True
+
+
+class TelegramConfig(Section):
+    enabled: bool = False
+    token: str | None = None
+    base_url: str = "https://api.telegram.org/bot"
+    allowed_users: list[int] = Field(default_factory=list)
+    approvers: list[int] = Field(default_factory=list)
+    groups: TelegramGroups = Field(default_factory=TelegramGroups)
+
+
+class SlackHTTP(Section):
+    host: str = "127.0.0.1"
+    port: int = 3000
+    path: str = "/slack/events"
+
+
+class SlackConfig(Section):
+    enabled: bool = False
+    mode: Literal["socket", "http"] = "socket"
+    bot_token: str | None = None
+    app_token: str | None = None
+    signing_secret: str | None = None
+    base_url: str = "https://slack.com/api/"
+    allowed_users: list[str] = Field(default_factory=list)
+    approvers: list[str] = Field(default_factory=list)
+    http: SlackHTTP = Field(default_factory=SlackHTTP)
+
+
+class SchedulerConfig(Section):
+    timezone: str = "UTC"
+    misfire_grace_s: int = Field(default=3600, ge=1)
+
+
+class WebFetchConfig(Section):
+    allow_private: bool = False
+    max_bytes: int = 2_000_000
+    timeout_s: float = 20.0
+
+
+class ToolsConfig(Section):
+    web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
+
+
+class Config(Section):
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    persona: PersonaConfig = Field(default_factory=PersonaConfig)
+    workspace: WorkspaceConfig = Field(default_factory=WorkspaceConfig)
+    limits: Limits = Field(default_factory=Limits)
+    approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
+    telegram: TelegramConfig = Field(default_factory=TelegramConfig)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    source: str | None = None
+    """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
+
+    def secrets(self) -> list[str]:
+        """Every configured secret value, for redaction."""
+        found = [
+            self.llm.api_key,
+            self.telegram.token,
+            self.slack.bot_token,
+            self.slack.app_token,
+            self.slack.signing_secret,
+        ]
+        return [s for s in found if s and len(s) >= 6]
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+ENV_PREFIX = "TANDEM_"
+
+
+def load_dotenv(path: Path) -> None:
+    """Set variables from a `.env` file without overriding the real environment."""
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.removeprefix("export ").partition("=")
+        value = value.strip().strip("'\"")
+        os.environ.setdefault(key.strip(), value)
+
+
+def _interpolate(node: Any, path: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]") for i, v in enumerate(node)]
+    if isinstance(node, str):
+
+        def sub(m: re.Match[str]) -> str:
+            value = os.environ.get(m.group(1), m.group(2))
+            if value is None:
+                raise ConfigError(path, f"environment variable {m.group(1)} is not set")
+            return value
+
+        return _ENV_REF.sub(sub, node)
+    return node
+
+
+def _env_value(key: str, raw: str) -> Any:
+    """Parse an override like YAML (`true`, `5`, `[1, 2]`), but keep secrets as text."""
+    if key in _STRING_KEYS or not raw.strip():
+        return raw
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return raw if value is None or isinstance(value, dict) else value
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        keys = [k.lower() for k in name[len(ENV_PREFIX) :].split("__")]
+        node = tree
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(".".join(keys), f"conflicts with {name}")
+        node[keys[-1]] = _env_value(keys[-1], raw)
+    return tree
+
+
+_STRING_KEYS = {"api_key", "token", "bot_token", "app_token", "signing_secret", "model", "chat_id"}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _first_error(err: ValidationError) -> ConfigError:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return ConfigError(key, msg)
+
+
+def load_config(path: str | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Load and validate the configuration; raise `ConfigError` naming the bad key."""
+    explicit = path is not None
+    file = Path(path or "config.yaml")
+    load_dotenv(file.parent / ".env")
+    if file.parent != Path.cwd():
+        load_dotenv(Path.cwd() / ".env")
+    env = dict(os.environ if environ is None else environ)
+    data: dict[str, Any] = {}
+    if file.is_file():
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark else "syntax"
+            raise ConfigError(str(file), f"not valid YAML ({where})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(str(file), "must be a mapping of sections")
+        data = _interpolate(loaded or {}, "")
+        data["source"] = str(file.resolve())
+    elif explicit:
+        raise ConfigError("--config", f"{file} does not exist")
+    data = _merge(data, _env_overrides(env))
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(err) from None
+
+
+def require(config: Config, key: str) -> Any:
+    """The value at a dotted key, or a `ConfigError` when it is missing (a secret, say)."""
+    node: Any = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    if node in (None, "", []):
+        raise ConfigError(key, "is required but not set")
+    return node

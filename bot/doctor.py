@@ -1,0 +1,87 @@
+"""`tandem doctor`: check what Tandem needs and say what is wrong in plain words."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from bot.config import Config
+from bot.persona import Persona
+
+OK, BAD, WARN = "ok  ", "FAIL", "warn"
+
+
+def doctor(config: Config) -> int:
+    logging.disable(logging.WARNING)
+    results = [("config", OK, f"loaded from {config.source or 'built-in defaults'}")]
+    results += _persona(config)
+    results += asyncio.run(_database(config))
+    results += _platforms(config)
+    results += asyncio.run(_model(config))
+    for _name, _status, _text in results:
+        pass
+    failed = sum(1 for _, status, _ in results if status == BAD)
+    return 1 if failed else 0
+
+
+def _persona(config: Config) -> list[tuple[str, str, str]]:
+    persona = Persona(config.persona.dir)
+    missing = persona.missing()
+    if missing:
+        return [("persona", BAD, f"missing in {config.persona.dir}/: {', '.join(missing)}")]
+    return [("persona", OK, f"{config.persona.dir}/ ({len(persona.system_prompt())} chars)")]
+
+
+async def _database(config: Config) -> list[tuple[str, str, str]]:
+    from bot.errors import StoreError
+    from bot.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(config.store.path)
+    try:
+        await store.open()
+        check = await store.integrity_check()
+    except StoreError as exc:
+        return [("database", BAD, str(exc))]
+    finally:
+        await store.close()
+    status = OK if check == "ok" else BAD
+    return [("database", status, f"{Path(config.store.path)}: integrity {check}")]
+
+
+def _platforms(config: Config) -> list[tuple[str, str, str]]:
+    out = []
+    if config.telegram.enabled:
+        if not config.telegram.token:
+            out.append(("telegram", BAD, "telegram.token is not set"))
+        elif not config.telegram.allowed_users:
+            out.append(("telegram", WARN, "telegram.allowed_users is empty: nobody can talk"))
+        else:
+            out.append(("telegram", OK, f"{len(config.telegram.allowed_users)} allowed users"))
+    if config.slack.enabled:
+        need = ["bot_token", "app_token" if config.slack.mode == "socket" else "signing_secret"]
+        missing = [k for k in need if not getattr(config.slack, k)]
+        if missing:
+            out.append(("slack", BAD, ", ".join(f"slack.{k} is not set" for k in missing)))
+        else:
+            out.append(("slack", OK, f"{config.slack.mode} mode"))
+    return out
+
+
+async def _model(config: Config) -> list[tuple[str, str, str]]:
+    from bot.errors import ModelError
+    from bot.llm import Completion, LiteLLMClient
+
+    llm = config.llm.model_copy(update={"retries": 0, "timeout_s": min(config.llm.timeout_s, 20),
+                                        "max_output_tokens": 8, "fallbacks": []})
+    client = LiteLLMClient(llm)
+    try:
+        async for item in client.stream([{"role": "user", "content": "Say OK."}], []):
+            if isinstance(item, Completion):
+                return [("model", OK, f"{config.llm.model} answered")]
+    except ModelError as exc:
+        cause = exc.__cause__
+        detail = f"{type(cause).__name__}" if cause else str(exc)
+        return [("model", BAD, f"{config.llm.model} at {config.llm.api_base or 'default'}: "
+                 f"{detail}. Check llm.model, llm.api_base and llm.api_key.")]
+    return [("model", BAD, "the model returned no answer")]

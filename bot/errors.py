@@ -1,0 +1,67 @@
+"""Tandem's error tree.
+
+TandemError
+├── ConfigError            bad config or missing secret (the CLI prints one line, exits 2)
+├── ContextOverflowError   the system prompt alone does not fit the context window
+├── ModelError             the model could not be reached or refused the request
+│   └── ModelRateLimited   still rate limited after retries
+├── ToolError              a tool refused or failed (its text goes to the model, not the user)
+│   └── PathRefused        a path outside the workspace or a protected file
+└── StoreError             the database is unusable
+
+Users only ever see the fixed texts in `USER_MESSAGES`; details go to the logs.
+"""
+
+from __future__ import annotations
+
+
+class TandemError(Exception):
+    """Root of every error Tandem raises on purpose."""
+
+
+class ConfigError(TandemError):
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config: {key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class ContextOverflowError(TandemError):
+    pass
+
+
+class ModelError(TandemError):
+    pass
+
+
+class ModelRateLimited(ModelError):
+    pass
+
+
+class ToolError(TandemError):
+    pass
+
+
+class PathRefused(ToolError):
+    pass
+
+
+class StoreError(TandemError):
+    pass
+
+
+USER_MESSAGES: dict[type[TandemError], str] = {
+    ContextOverflowError: "The system prompt is larger than the model's context window; "
+    "an admin needs to shorten the persona files or raise llm.context_window.",
+    ModelRateLimited: "The model is rate limited right now. Please try again in a minute.",
+    ModelError: "The model could not be reached. Please try again in a moment.",
+    StoreError: "Tandem's database is unavailable. Please try again shortly.",
+}
+
+
+def user_message(exc: BaseException) -> str:
+    """The fixed, friendly text a user sees for an error (never the exception text)."""
+    for cls in type(exc).__mro__:
+        if cls in USER_MESSAGES:
+            return USER_MESSAGES[cls]  # type: ignore[index]
+    return "Something went wrong on Tandem's side. The details are in the logs."

@@ -1,0 +1,179 @@
+"""What enters the core (`Inbound`) and what leaves it (`Event`).
+
+Adapters build `Inbound` values from platform updates and render `Event`s back as
+messages, edits and buttons. No platform object ever crosses into `bot/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class ConvKey:
+    """One conversation: a DM, a group, a forum topic or a thread."""
+
+    platform: str
+    chat_id: str
+    thread_id: str | None = None
+
+    def __str__(self) -> str:
+        tail = f"/{self.thread_id}" if self.thread_id else ""
+        return f"{self.platform}:{self.chat_id}{tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    id: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    name: str
+    mime: str
+    size: int
+
+
+class Verdict(StrEnum):
+    APPROVE = "approve"
+    DENY = "deny"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    conv: ConvKey
+    user: User
+    text: str
+    ref: str | None = None
+    """Platform id of the update/event (`tg:42`, `slack:Ev01`): recorded so it runs once."""
+    attachments: tuple[Attachment, ...] = ()
+    context: str | None = None
+    """Earlier thread messages fetched once when the bot joins a thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    conv: ConvKey
+    user: User
+    approval_id: str
+    verdict: Verdict
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    conv: ConvKey
+    user: User
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    conv: ConvKey
+    job_id: str
+    prompt: str
+    late: bool = False
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    conv: ConvKey
+    user: User
+    name: str
+    args: str = ""
+    ref: str | None = None
+
+
+Inbound = UserMessage | Decision | Cancel | Trigger | Command
+
+
+# ---- outbound -------------------------------------------------------------------------
+
+
+class Phase(StrEnum):
+    THINKING = "thinking"
+    TOOL = "running"
+    APPROVAL = "waiting for approval"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """A turn began: show a placeholder with a Cancel button."""
+
+    conv: ConvKey
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What the running turn is doing now; `text` is the answer streamed so far."""
+
+    conv: ConvKey
+    turn: int
+    phase: Phase
+    text: str = ""
+    tool: str | None = None
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The final answer of a turn (or why there is none). Rendering must never drop it."""
+
+    conv: ConvKey
+    turn: int
+    text: str
+    reason: str
+    suspended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    conv: ConvKey
+    approval_id: str
+    tool: str
+    summary: str
+    """The exact call, rendered for a human (a command, a path and content...)."""
+    requester: User
+    expires_in_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResolved:
+    conv: ConvKey
+    approval_id: str
+    outcome: str
+    """approved | denied | always | expired | cancelled | superseded"""
+    by: User | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A short message for the conversation (command output, queued note, errors)."""
+
+    conv: ConvKey
+    text: str
+    ephemeral_to: User | None = None
+    buttons: tuple[Button, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    label: str
+    data: str
+    """Opaque packed data (see `bot.buttons`), at most 64 bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A message arrived while a turn ran; it will be answered together in the next turn."""
+
+    conv: ConvKey
+    ref: str | None
+
+
+Event = TurnStarted | Progress | TurnEnded | ApprovalRequested | ApprovalResolved | Notice | Queued

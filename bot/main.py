@@ -1,0 +1,97 @@
+"""The long-running process: open the store, start the platforms, recover, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+from typing import Any, Protocol
+
+from bot import logs
+from bot.app import Dispatch, build
+from bot.config import Config
+from bot.errors import StoreError, TandemError
+from bot.hub import Hub
+
+log = logging.getLogger("tandem")
+
+
+class Platform(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def serve(config: Config, *, chat: bool, verbose: bool) -> int:
+    level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
+    logs.setup(level, config.secrets())
+    try:
+        return asyncio.run(_serve(config, chat))
+    except StoreError:
+        return 1
+
+
+async def _serve(config: Config, chat: bool) -> int:
+    from bot import llm
+
+    hub, dispatch = build(config)
+    if not config.llm.context_window:
+        llm.preload()
+    await hub.d.store.open()
+    platforms: list[Platform] = []
+    try:
+        await _kill_orphans(hub.d.store)
+        names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
+        platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
+        for platform in platforms:
+            await platform.start()
+        if not names:
+            console = load_platform("console").create(config, hub, dispatch)
+            await hub.recover()
+            await console.run()
+        else:
+            await hub.recover()
+            await _wait_for_signal()
+        return 0
+    except TandemError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        await hub.close()
+        for platform in reversed(platforms):
+            with contextlib.suppress(Exception):
+                await platform.stop()
+        if hub.scheduler is not None:
+            hub.scheduler.shutdown()
+        await hub.d.store.close()
+
+
+class PlatformModule(Protocol):
+    def create(self, config: Config, hub: Hub, dispatch: Dispatch) -> Any: ...
+
+
+def load_platform(name: str) -> PlatformModule:
+    """Platforms are plugins: `adapters.<name>` with a `create(config, hub, dispatch)`.
+    The core names them only by string and never imports a platform library."""
+    module: PlatformModule = importlib.import_module(f"adapters.{name}")  # type: ignore[assignment]
+    return module
+
+
+async def _kill_orphans(store: object) -> None:
+    """Tool processes a killed Tandem left behind die now."""
+    from bot.tools.shell import kill_group
+
+    pids = await store.tracked_processes()  # type: ignore[attr-defined]
+    for pid in pids:
+        kill_group(pid)
+    await store.forget_processes()  # type: ignore[attr-defined]
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("Tandem is running; Ctrl-C stops it")
+    await stop.wait()

@@ -1,0 +1,57 @@
+"""The system prompt, rebuilt from `persona/` before every model call.
+
+The files are read every time (a persona edit takes effect on the very next request),
+but an unchanged set of contents returns the previously assembled string itself, byte
+for byte, so the provider's prefix cache keeps hitting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+FILES = ("AGENT.md", "RULES.md", "USER.md", "MEMORY.md")
+HEADER = (
+    "You are Tandem, an AI agent working with a team in their chat. The sections below "
+    "come from your persona files; follow RULES.md above everything else."
+)
+
+
+class Persona:
+    def __init__(self, directory: str | Path, max_file_chars: int = 20_000) -> None:
+        self.dir = Path(directory)
+        self.max_file_chars = max_file_chars
+        self._contents: tuple[str, ...] | None = None
+        self._prompt = ""
+        self.fingerprint = ""
+
+    def _read(self) -> tuple[str, ...]:
+        out = []
+        for name in FILES:
+            try:
+                out.append((self.dir / name).read_text(encoding="utf-8", errors="replace"))
+            except (FileNotFoundError, IsADirectoryError):
+                out.append("")
+        return tuple(out)
+
+    def system_prompt(self) -> str:
+        contents = self._read()
+        if contents != self._contents:
+            self._contents = contents
+            self._prompt = self._assemble(contents)
+            self.fingerprint = hashlib.sha256(self._prompt.encode()).hexdigest()[:12]
+        return self._prompt
+
+    def _assemble(self, contents: tuple[str, ...]) -> str:
+        parts = [HEADER]
+        for name, text in zip(FILES, contents, strict=True):
+            text = text.strip()
+            if not text:
+                continue
+            if len(text) > self.max_file_chars:
+                text = text[: self.max_file_chars] + f"\n[{name} truncated]"
+            parts.append(f"## {name}\n\n{text}")
+        return "\n\n".join(parts)
+
+    def missing(self) -> list[str]:
+        return [n for n in FILES[:3] if not (self.dir / n).is_file()]

@@ -1,0 +1,108 @@
+"""Tools the model can call: a registry of JSON-schema'd async functions.
+
+A tool returns text for the model or raises `ToolError` (its message goes to the model).
+`summary()` renders a call for the approval card and `rule_key()` is what an
+"always in this chat" rule binds to: the exact command or path, never a program.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.errors import ToolError
+
+Runner = Callable[["ToolContext", dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    workspace: Path
+    protected: frozenset[Path]
+    env: dict[str, str]
+    shell_timeout_s: float = 120.0
+    output_chars: int = 16_000
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Services some tools need (persona dir, scheduler, conversation key...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Runner
+    policy: str = "ask"
+    """Default approval policy: allow | ask | deny."""
+    summary_key: str | None = None
+    """The argument shown (and bound by "always" rules); None shows all arguments."""
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def summary(self, args: dict[str, Any]) -> str:
+        if self.summary_key and isinstance(args.get(self.summary_key), str):
+            rest = {k: v for k, v in args.items() if k != self.summary_key}
+            head = str(args[self.summary_key])
+            return head if not rest else f"{head}\n{json.dumps(rest, ensure_ascii=False, indent=1)}"
+        return json.dumps(args, ensure_ascii=False, indent=1, sort_keys=True)
+
+    def rule_key(self, args: dict[str, Any]) -> str:
+        """What an "always" rule covers: the exact command or path, else every argument."""
+        if self.summary_key and isinstance(args.get(self.summary_key), str):
+            return str(args[self.summary_key])
+        return json.dumps(args, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+class Registry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] = []
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        self._tools[tool.name] = tool
+        self._schemas = [t.schema() for t in self._tools.values()]
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return self._schemas
+
+
+def cap(text: str, limit: int) -> str:
+    """Keep the head and the tail of a long output, with a note of what was cut."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n\n[... {cut} characters cut ...]\n\n{text[-tail:]}"
+
+
+def parse_arguments(raw: str) -> dict[str, Any]:
+    """The model's JSON arguments, or a ToolError the model can act on."""
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"the arguments are not valid JSON ({exc.msg} at {exc.pos}); "
+                        "call the tool again with a JSON object") from None
+    if not isinstance(value, dict):
+        raise ToolError("the arguments must be a JSON object")
+    return value
+
+
+def require_str(args: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise ToolError(f"`{key}` is required and must be a string")
+    return value

@@ -1,0 +1,78 @@
+"""The `shell` tool: one command in the workspace, with a timeout, an output cap,
+no secrets in its environment, and the whole process group killed on cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import re
+import signal
+from typing import Any
+
+from bot.errors import ToolError
+from bot.tools import Tool, ToolContext, cap, require_str
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|^TANDEM_",
+                         re.IGNORECASE)
+PR_SET_PDEATHSIG = 1
+
+
+def clean_env(environ: dict[str, str], secrets: list[str]) -> dict[str, str]:
+    """The environment a tool sees: no variable that names or holds a secret."""
+    return {k: v for k, v in environ.items()
+            if not SECRET_NAME.search(k) and not any(s and s in v for s in secrets)}
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
+    command = require_str(args, "command")
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_shell(
+        command, cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True, preexec_fn=_die_with_parent,
+    )
+    track = ctx.extras.get("track_process")
+    if callable(track):
+        await track(proc.pid)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), ctx.shell_timeout_s)
+    except TimeoutError:
+        kill_group(proc.pid)
+        await proc.wait()
+        limit = ctx.shell_timeout_s
+        raise ToolError(f"the command timed out after {limit:g} s and was killed") from None
+    except asyncio.CancelledError:
+        kill_group(proc.pid)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(proc.wait())
+        raise
+    finally:
+        kill_group(proc.pid)  # children left in the group die with the command
+        untrack = ctx.extras.get("untrack_process")
+        if callable(untrack):
+            await untrack(proc.pid)
+    text = cap(out.decode("utf-8", errors="replace"), ctx.output_chars)
+    if proc.returncode:
+        raise ToolError(f"exit status {proc.returncode}\n{text}")
+    return text or "(no output)"
+
+
+TOOLS = [
+    Tool("shell", "Run a shell command in the workspace and return its output.",
+         {"type": "object", "properties": {"command": {"type": "string"}},
+          "required": ["command"]}, shell, policy="ask", summary_key="command"),
+]

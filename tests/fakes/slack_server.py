@@ -1,0 +1,1096 @@
+"""A strict, in-process fake of Slack for tests.
+
+One aiohttp server on 127.0.0.1 (random port) plays three roles:
+
+* the Web API (``POST``/``GET /api/{method}``) that the real ``AsyncWebClient`` talks to
+  when built with ``base_url=f"{fake.url}/api/"``;
+* the Socket Mode WebSocket (``GET /socket?ticket=N``) handed out by ``apps.connections.open``;
+* ``response_url`` endpoints (``POST /response/{token}``) for interactive payloads.
+
+It also acts as Slack's HTTP-mode event sender (``post_event`` / ``post_action``): it signs
+requests with a signing secret and POSTs them to the bot's own endpoint.
+
+Limits follow the real service: 40,000-character ``text``, at most 50 blocks, 3,000-character
+section text, 2,000-character button values, 255-character ``action_id`` and per-channel rate
+limits on ``chat.postMessage`` / ``chat.update`` (HTTP 429 + ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode
+
+import aiohttp
+from aiohttp import web
+
+T = TypeVar("T")
+JSON = dict[str, Any]
+
+TEAM_ID = "T1"
+TEAM_NAME = "Tandem"
+TEAM_DOMAIN = "tandem"
+APP_ID = "A1"
+BOT_USER_ID = "UBOT"
+BOT_ID = "BBOT"
+BOT_NAME = "tandem"
+VERIFICATION_TOKEN = "fake-verification-token"
+
+MAX_TEXT = 40_000
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3_000
+MAX_MARKDOWN_TEXT = 12_000
+MAX_BUTTON_VALUE = 2_000
+MAX_ACTION_ID = 255
+
+_TS_BASE_MICROS = 1_700_000_000 * 1_000_000
+
+
+class _ApiError(Exception):
+    """Raised inside a Web API handler: becomes ``{"ok": false, "error": ...}``."""
+
+    def __init__(
+        self,
+        error: str,
+        *,
+        status: int = 200,
+        extra: JSON | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(error)
+        self.error = error
+        self.status = status
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+
+@dataclass
+class FakeSlackMessage:
+    """A message as stored by the fake (user messages, bot messages and thread replies)."""
+
+    channel: str
+    ts: str
+    user: str
+    text: str
+    bot: bool = False
+    blocks: list[JSON] | None = None
+    thread_ts: str | None = None
+    edits: list[str] = field(default_factory=list)  # the text after each chat.update
+    reactions: list[str] = field(default_factory=list)
+
+    @property
+    def is_reply(self) -> bool:
+        return self.thread_ts is not None and self.thread_ts != self.ts
+
+    def to_api(self) -> JSON:
+        """The message as the Web API and interactive payloads render it."""
+        out: JSON = {"type": "message", "ts": self.ts, "user": self.user, "text": self.text}
+        out["team"] = TEAM_ID
+        if self.bot:
+            out["bot_id"] = BOT_ID
+            out["app_id"] = APP_ID
+        if self.blocks is not None:
+            out["blocks"] = self.blocks
+        if self.thread_ts is not None:
+            out["thread_ts"] = self.thread_ts
+        if self.edits:
+            out["edited"] = {"user": self.user, "ts": self.ts}
+        if self.reactions:
+            out["reactions"] = [
+                {"name": name, "users": [BOT_USER_ID], "count": 1} for name in self.reactions
+            ]
+        return out
+
+
+@dataclass
+class Call:
+    """One Web API call as received (``params`` never include the token)."""
+
+    method: str
+    params: JSON
+    time: float  # time.monotonic() when the response was produced
+    status: int  # HTTP status of the response
+    error: str | None = None  # the Slack error code, None when ok
+
+
+@dataclass
+class HttpDelivery:
+    """The bot endpoint's answer to an HTTP-mode delivery."""
+
+    status: int
+    body: str
+    latency: float
+    headers: dict[str, str]
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass
+class _ResponseTarget:
+    channel: str
+    message_ts: str
+    user: str
+    thread_ts: str | None
+
+
+_Handler = Callable[[JSON], JSON]
+
+
+class FakeSlackServer:
+    """Fake Slack. Use ``async with FakeSlackServer() as fake:`` or ``start()``/``close()``."""
+
+    def __init__(
+        self,
+        *,
+        bot_token: str = "xoxb-test",
+        app_token: str = "xapp-test",
+        rate_limit: bool = True,
+        post_interval: float = 1.0,
+        update_interval: float = 1.0,
+        burst: int = 3,
+        retry_after: int = 1,
+    ) -> None:
+        self.bot_token = bot_token
+        self.app_token = app_token
+        self.rate_limit = rate_limit
+        self.post_interval = post_interval
+        self.update_interval = update_interval
+        self.burst = burst
+        self.retry_after = retry_after
+
+        # Recorded state, public for assertions.
+        self.calls: list[Call] = []
+        self.messages: dict[str, list[FakeSlackMessage]] = {}
+        self.deleted: list[FakeSlackMessage] = []
+        self.ephemerals: list[JSON] = []
+        self.reactions: list[tuple[str, str, str]] = []  # (channel, ts, name)
+        self.rate_limited: list[tuple[str, str]] = []  # (channel, method)
+        self.acks: dict[str, float] = {}  # envelope_id -> seconds from push to ack
+        self.ack_payloads: dict[str, JSON | None] = {}
+        self.duplicate_acks: list[str] = []
+        self.unexpected_socket_messages: list[str] = []
+        self.pushed: dict[str, JSON] = {}  # envelope_id -> envelope
+        self.responses: list[JSON] = []  # bodies POSTed to response_url endpoints
+        self.users: dict[str, JSON] = {}
+        self.connections_opened = 0
+
+        self._ts_counter = itertools.count(1)
+        self._id_counter = itertools.count(1)
+        self._ticket_counter = itertools.count(1)
+        self._tickets: set[str] = set()
+        self._sockets: list[web.WebSocketResponse] = []
+        self._push_times: dict[str, float] = {}
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._response_targets: dict[str, _ResponseTarget] = {}
+        self._cond = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._port = 0
+        self._handlers: dict[str, _Handler] = {
+            "auth.test": self._auth_test,
+            "apps.connections.open": self._apps_connections_open,
+            "chat.postMessage": self._chat_post_message,
+            "chat.update": self._chat_update,
+            "chat.delete": self._chat_delete,
+            "chat.postEphemeral": self._chat_post_ephemeral,
+            "conversations.replies": self._conversations_replies,
+            "users.info": self._users_info,
+            "reactions.add": self._reactions_add,
+        }
+        self.add_user(BOT_USER_ID, name=BOT_NAME, real_name="Tandem", is_bot=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> FakeSlackServer:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_get("/socket", self._socket)
+        app.router.add_post("/response/{token}", self._response_url)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        addresses = self._runner.addresses
+        self._port = int(addresses[0][1])
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        return self
+
+    async def close(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeSlackServer:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (no trailing slash)."""
+        if not self._port:
+            raise RuntimeError("FakeSlackServer is not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_url(self) -> str:
+        """The ``base_url`` for ``AsyncWebClient`` (ends with ``/``)."""
+        return f"{self.url}/api/"
+
+    # ------------------------------------------------------------------ state queries
+
+    def add_user(
+        self,
+        user_id: str,
+        *,
+        name: str | None = None,
+        real_name: str | None = None,
+        tz: str = "UTC",
+        is_bot: bool = False,
+    ) -> JSON:
+        """Register a user for ``users.info`` (builders auto-register the users they mention)."""
+        uname = name or f"user_{user_id.lower()}"
+        rname = real_name or uname.replace("_", " ").title()
+        user: JSON = {
+            "id": user_id,
+            "team_id": TEAM_ID,
+            "name": uname,
+            "real_name": rname,
+            "tz": tz,
+            "tz_label": "Coordinated Universal Time" if tz == "UTC" else tz,
+            "tz_offset": 0,
+            "is_bot": is_bot,
+            "deleted": False,
+            "profile": {"real_name": rname, "display_name": uname},
+        }
+        self.users[user_id] = user
+        return user
+
+    def channel(self, channel_id: str, thread_ts: str | None = None) -> list[FakeSlackMessage]:
+        """All messages in a channel (threads included) or, with ``thread_ts``, one thread:
+        the root message followed by its replies in order."""
+        msgs = self.messages.get(channel_id, [])
+        if thread_ts is None:
+            return list(msgs)
+        return [m for m in msgs if m.ts == thread_ts or m.thread_ts == thread_ts]
+
+    def message(self, channel_id: str, ts: str) -> FakeSlackMessage | None:
+        for m in self.messages.get(channel_id, []):
+            if m.ts == ts:
+                return m
+        return None
+
+    def bot_messages(self, channel_id: str, thread_ts: str | None = None) -> list[FakeSlackMessage]:
+        return [m for m in self.channel(channel_id, thread_ts) if m.bot]
+
+    def bot_texts(self, channel_id: str, thread_ts: str | None = None) -> list[str]:
+        """The bot's messages as text: the concatenated section/markdown block texts when the
+        message has such blocks, otherwise its ``text``."""
+        return [block_text(m.blocks) or m.text for m in self.bot_messages(channel_id, thread_ts)]
+
+    def ephemerals_for(self, user: str) -> list[JSON]:
+        return [e for e in self.ephemerals if e["user"] == user]
+
+    def calls_to(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    def max_update_rate(self, channel_id: str) -> int:
+        """Most ``chat.update`` calls (accepted or rate limited) on a channel in any 1 s window."""
+        times = sorted(
+            c.time for c in self.calls_to("chat.update") if c.params.get("channel") == channel_id
+        )
+        best = 0
+        start = 0
+        for end, t in enumerate(times):
+            while t - times[start] >= 1.0:
+                start += 1
+            best = max(best, end - start + 1)
+        return best
+
+    async def wait_for(
+        self,
+        predicate: Callable[[], T],
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> T:
+        """Wait until ``predicate()`` is truthy and return its value.
+
+        Re-checked after every Web API call, socket message, ack and response_url post (and
+        every 50 ms, for predicates over state outside the fake). Raises AssertionError with a
+        dump of the fake's state on timeout."""
+        deadline = time.monotonic() + timeout
+        async with self._cond:
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"condition not met within {timeout}s\n{self.dump()}")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, 0.05)):
+                        await self._cond.wait()
+
+    def dump(self) -> str:
+        lines = ["--- fake slack: last calls ---"]
+        for c in self.calls[-30:]:
+            params = json.dumps(c.params, default=str)
+            if len(params) > 200:
+                params = params[:200] + "..."
+            lines.append(f"{c.method} -> {c.status} {c.error or 'ok'} {params}")
+        lines.append("--- messages ---")
+        for channel_id, msgs in self.messages.items():
+            for m in msgs:
+                who = "bot" if m.bot else m.user
+                thread = f" thread={m.thread_ts}" if m.thread_ts else ""
+                lines.append(
+                    f"{channel_id} {m.ts}{thread} {who}: {(block_text(m.blocks) or m.text)[:120]!r}"
+                )
+        lines.append(f"--- acks: {self.acks}")
+        lines.append(f"--- pushed without ack: {[e for e in self.pushed if e not in self.acks]}")
+        lines.append(f"--- ephemerals: {len(self.ephemerals)}, responses: {len(self.responses)}")
+        lines.append(f"--- rate limited: {self.rate_limited}")
+        lines.append(f"--- open sockets: {len(self._sockets)}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ payload builders
+
+    def new_ts(self) -> str:
+        micros = _TS_BASE_MICROS + next(self._ts_counter) * 100
+        return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}{next(self._id_counter):08d}FAKE"
+
+    def event_body(self, event: JSON, *, event_id: str | None = None) -> JSON:
+        """The full ``event_callback`` envelope Slack sends for ``event``."""
+        return {
+            "token": VERIFICATION_TOKEN,
+            "team_id": TEAM_ID,
+            "context_team_id": TEAM_ID,
+            "context_enterprise_id": None,
+            "api_app_id": APP_ID,
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id or self._new_id("Ev"),
+            "event_time": int(time.time()),
+            "authorizations": [
+                {
+                    "enterprise_id": None,
+                    "team_id": TEAM_ID,
+                    "user_id": BOT_USER_ID,
+                    "is_bot": True,
+                    "is_enterprise_install": False,
+                }
+            ],
+            "is_ext_shared_channel": False,
+            "event_context": f"4-{uuid.uuid4().hex}",
+        }
+
+    def message_event(
+        self,
+        channel: str,
+        user: str,
+        text: str,
+        *,
+        thread_ts: str | None = None,
+        channel_type: str = "im",
+        mention: bool = False,
+    ) -> JSON:
+        """Store a user message and return the event Slack would send for it
+        (``message``, or ``app_mention`` with ``<@UBOT>`` prefixed when ``mention``)."""
+        if user not in self.users:
+            self.add_user(user)
+        full_text = f"<@{BOT_USER_ID}> {text}" if mention else text
+        ts = self.new_ts()
+        root = self._thread_root(channel, thread_ts) if thread_ts else None
+        self._store(FakeSlackMessage(channel, ts, user, full_text, thread_ts=root))
+        elements: list[JSON] = [{"type": "text", "text": text}]
+        if mention:
+            elements = [
+                {"type": "user", "user_id": BOT_USER_ID},
+                {"type": "text", "text": f" {text}"},
+            ]
+        event: JSON = {
+            "type": "app_mention" if mention else "message",
+            "user": user,
+            "text": full_text,
+            "ts": ts,
+            "team": TEAM_ID,
+            "client_msg_id": str(uuid.uuid4()),
+            "blocks": [
+                {
+                    "type": "rich_text",
+                    "block_id": uuid.uuid4().hex[:5],
+                    "elements": [{"type": "rich_text_section", "elements": elements}],
+                }
+            ],
+            "channel": channel,
+            "event_ts": ts,
+        }
+        if root is not None:
+            event["thread_ts"] = root
+            parent = self.message(channel, root)
+            if parent is not None:
+                event["parent_user_id"] = parent.user
+        if not mention:
+            event["channel_type"] = channel_type
+        return event
+
+    def block_actions(
+        self, channel: str, user: str, message_ts: str, action_id: str, value: str
+    ) -> JSON:
+        """The ``block_actions`` payload Slack sends when ``user`` presses the button
+        ``action_id`` on the stored message ``message_ts``."""
+        msg = self.message(channel, message_ts)
+        if msg is None:
+            raise AssertionError(f"no message {message_ts} in {channel}\n{self.dump()}")
+        if user not in self.users:
+            self.add_user(user)
+        uname = self.users[user]["name"]
+        block_id, button = _find_button(msg.blocks or [], action_id)
+        token = uuid.uuid4().hex
+        self._response_targets[token] = _ResponseTarget(channel, message_ts, user, msg.thread_ts)
+        container: JSON = {
+            "type": "message",
+            "message_ts": message_ts,
+            "channel_id": channel,
+            "is_ephemeral": False,
+        }
+        if msg.thread_ts is not None:
+            container["thread_ts"] = msg.thread_ts
+        action: JSON = {
+            "type": "button",
+            "action_id": action_id,
+            "block_id": block_id,
+            "text": (button or {}).get(
+                "text", {"type": "plain_text", "text": "Button", "emoji": True}
+            ),
+            "value": value,
+            "action_ts": f"{time.time():.6f}",
+        }
+        if button is not None and "style" in button:
+            action["style"] = button["style"]
+        return {
+            "type": "block_actions",
+            "user": {"id": user, "username": uname, "name": uname, "team_id": TEAM_ID},
+            "api_app_id": APP_ID,
+            "token": VERIFICATION_TOKEN,
+            "container": container,
+            "trigger_id": f"{next(self._id_counter)}.1.{uuid.uuid4().hex}",
+            "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {"id": channel, "name": _channel_name(channel)},
+            "message": msg.to_api(),
+            "state": {"values": {}},
+            "response_url": f"{self.url}/response/{token}",
+            "actions": [action],
+        }
+
+    # ------------------------------------------------------------------ Socket Mode
+
+    async def push(
+        self,
+        type_: str,
+        payload: JSON,
+        *,
+        retry_attempt: int = 0,
+        accepts_response_payload: bool | None = None,
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> str:
+        """Send a Socket Mode envelope (``events_api``, ``interactive``, ``slash_commands``)
+        to the newest open connection and return its envelope_id."""
+        await self.wait_for(lambda: self._sockets, timeout)
+        envelope_id = str(uuid.uuid4())
+        envelope: JSON = {
+            "envelope_id": envelope_id,
+            "type": type_,
+            "accepts_response_payload": (
+                accepts_response_payload
+                if accepts_response_payload is not None
+                else type_ == "slash_commands"
+            ),
+            "payload": payload,
+        }
+        if type_ == "events_api":
+            envelope["retry_attempt"] = retry_attempt
+            envelope["retry_reason"] = "timeout" if retry_attempt else ""
+        self.pushed[envelope_id] = envelope
+        self._push_times[envelope_id] = time.monotonic()
+        await self._sockets[-1].send_str(json.dumps(envelope))
+        return envelope_id
+
+    async def push_event(
+        self, event: JSON, *, event_id: str | None = None, retry_attempt: int = 0
+    ) -> str:
+        """Push ``event`` wrapped in ``event_body``; reuse ``event_id`` to model a redelivery."""
+        body = self.event_body(event, event_id=event_id)
+        return await self.push("events_api", body, retry_attempt=retry_attempt)
+
+    async def wait_ack(
+        self,
+        envelope_id: str,
+        timeout: float = 3.0,  # noqa: ASYNC109
+    ) -> float:
+        """Wait for the client's ack of ``envelope_id``; return the push-to-ack latency."""
+        await self.wait_for(lambda: envelope_id in self.acks, timeout)
+        return self.acks[envelope_id]
+
+    async def wait_connections(
+        self,
+        count: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until ``count`` WebSocket connections have been opened in total."""
+        await self.wait_for(lambda: self.connections_opened >= count and self._sockets, timeout)
+
+    async def send_disconnect(self, reason: str = "refresh_requested") -> None:
+        """Ask the connected clients to reconnect, as Slack does periodically."""
+        message = {"type": "disconnect", "reason": reason, "debug_info": {"host": "fake-slack"}}
+        for ws in list(self._sockets):
+            await ws.send_str(json.dumps(message))
+
+    async def drop_connections(self) -> None:
+        """Close every WebSocket from the server side (an abrupt outage)."""
+        for ws in list(self._sockets):
+            await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"dropped")
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._sockets)
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        ticket = request.query.get("ticket", "")
+        if ticket not in self._tickets:
+            return web.Response(status=401, text="invalid ticket")
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._sockets.append(ws)
+        self.connections_opened += 1
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": len(self._sockets),
+                    "debug_info": {
+                        "host": "fake-slack",
+                        "build_number": 1,
+                        "approximate_connection_time": 18060,
+                    },
+                    "connection_info": {"app_id": APP_ID},
+                }
+            )
+        )
+        await self._notify()
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    self._on_socket_text(str(msg.data))
+                    await self._notify()
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    break
+        finally:
+            self._sockets.remove(ws)
+            await self._notify()
+        return ws
+
+    def _on_socket_text(self, data: str) -> None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            self.unexpected_socket_messages.append(data)
+            return
+        envelope_id = message.get("envelope_id") if isinstance(message, dict) else None
+        if not isinstance(envelope_id, str) or envelope_id not in self._push_times:
+            self.unexpected_socket_messages.append(data)
+            return
+        if envelope_id in self.acks:
+            self.duplicate_acks.append(envelope_id)
+            return
+        self.acks[envelope_id] = time.monotonic() - self._push_times[envelope_id]
+        self.ack_payloads[envelope_id] = message.get("payload")
+
+    # ------------------------------------------------------------------ HTTP mode sender
+
+    def sign(self, raw: bytes, *, signing_secret: str, timestamp: int) -> str:
+        base = b"v0:" + str(timestamp).encode() + b":" + raw
+        return "v0=" + hmac.new(signing_secret.encode(), base, hashlib.sha256).hexdigest()
+
+    async def post_event(
+        self,
+        url: str,
+        body: JSON,
+        *,
+        signing_secret: str,
+        timestamp: int | None = None,
+        bad_signature: bool = False,
+        retry_num: int | None = None,
+    ) -> HttpDelivery:
+        """POST an Events API body (JSON) to the bot's endpoint, signed like Slack."""
+        raw = json.dumps(body).encode()
+        return await self._deliver(
+            url, raw, "application/json", signing_secret, timestamp, bad_signature, retry_num
+        )
+
+    async def post_action(
+        self,
+        url: str,
+        payload: JSON,
+        *,
+        signing_secret: str,
+        timestamp: int | None = None,
+        bad_signature: bool = False,
+    ) -> HttpDelivery:
+        """POST an interactive payload form-encoded as ``payload=<json>``, signed like Slack."""
+        raw = urlencode({"payload": json.dumps(payload)}).encode()
+        return await self._deliver(
+            url, raw, "application/x-www-form-urlencoded", signing_secret, timestamp, bad_signature
+        )
+
+    async def _deliver(
+        self,
+        url: str,
+        raw: bytes,
+        content_type: str,
+        signing_secret: str,
+        timestamp: int | None,
+        bad_signature: bool,
+        retry_num: int | None = None,
+    ) -> HttpDelivery:
+        if self._session is None:
+            raise RuntimeError("FakeSlackServer is not started")
+        ts = int(time.time()) if timestamp is None else timestamp
+        signature = self.sign(raw, signing_secret=signing_secret, timestamp=ts)
+        if bad_signature:
+            signature = "v0=" + "0" * 64
+        headers = {
+            "Content-Type": content_type,
+            "X-Slack-Request-Timestamp": str(ts),
+            "X-Slack-Signature": signature,
+            "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
+        }
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        start = time.monotonic()
+        async with self._session.post(url, data=raw, headers=headers) as resp:
+            text = await resp.text()
+            latency = time.monotonic() - start
+            return HttpDelivery(resp.status, text, latency, dict(resp.headers))
+
+    # ------------------------------------------------------------------ response_url
+
+    async def _response_url(self, request: web.Request) -> web.Response:
+        target = self._response_targets.get(request.match_info["token"])
+        if target is None:
+            return web.Response(status=404, text="no_such_response_url")
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text="invalid_payload")
+        self.responses.append(body)
+        self._apply_response(target, body)
+        await self._notify()
+        return web.Response(text="ok")
+
+    def _apply_response(self, target: _ResponseTarget, body: JSON) -> None:
+        msg = self.message(target.channel, target.message_ts)
+        if body.get("delete_original") and msg is not None:
+            self.messages[target.channel].remove(msg)
+            self.deleted.append(msg)
+        elif body.get("replace_original") and msg is not None:
+            msg.text = body.get("text", "")
+            msg.blocks = body.get("blocks")
+            msg.edits.append(msg.text)
+        elif body.get("response_type") == "in_channel":
+            thread = body.get("thread_ts") or target.thread_ts
+            self._store(
+                FakeSlackMessage(
+                    target.channel,
+                    self.new_ts(),
+                    BOT_USER_ID,
+                    body.get("text", ""),
+                    bot=True,
+                    blocks=body.get("blocks"),
+                    thread_ts=thread,
+                )
+            )
+        else:
+            self.ephemerals.append(
+                {
+                    "channel": target.channel,
+                    "user": target.user,
+                    "text": body.get("text", ""),
+                    "blocks": body.get("blocks"),
+                    "thread_ts": target.thread_ts,
+                    "message_ts": self.new_ts(),
+                }
+            )
+
+    # ------------------------------------------------------------------ Web API plumbing
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        params, token = await _read_params(request)
+        status, body, headers = self._dispatch(method, params, token)
+        self.calls.append(Call(method, params, time.monotonic(), status, body.get("error")))
+        await self._notify()
+        return web.json_response(body, status=status, headers=headers)
+
+    def _dispatch(
+        self, method: str, params: JSON, token: str | None
+    ) -> tuple[int, JSON, dict[str, str]]:
+        try:
+            handler = self._handlers.get(method)
+            if handler is None:
+                raise _ApiError("unknown_method")
+            self._check_token(method, token)
+            return 200, {"ok": True, **handler(params)}, {}
+        except _ApiError as e:
+            return e.status, {"ok": False, "error": e.error, **e.extra}, e.headers
+
+    def _check_token(self, method: str, token: str | None) -> None:
+        if not token:
+            raise _ApiError("not_authed")
+        if method == "apps.connections.open":
+            if token == self.app_token:
+                return
+            raise _ApiError("not_allowed_token_type" if token == self.bot_token else "invalid_auth")
+        if token == self.bot_token:
+            return
+        raise _ApiError("not_allowed_token_type" if token == self.app_token else "invalid_auth")
+
+    def _rate_check(self, method: str, channel: str, interval: float) -> None:
+        if not self.rate_limit or interval <= 0:
+            return
+        now = time.monotonic()
+        bucket = self._buckets.setdefault((method, channel), _Bucket(float(self.burst), now))
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.stamp) / interval)
+        bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return
+        self.rate_limited.append((channel, method))
+        raise _ApiError("ratelimited", status=429, headers={"Retry-After": str(self.retry_after)})
+
+    def _store(self, msg: FakeSlackMessage) -> FakeSlackMessage:
+        self.messages.setdefault(msg.channel, []).append(msg)
+        return msg
+
+    def _thread_root(self, channel: str, thread_ts: str) -> str:
+        parent = self.message(channel, thread_ts)
+        if parent is not None and parent.thread_ts is not None:
+            return parent.thread_ts
+        return thread_ts
+
+    def _api_message(self, msg: FakeSlackMessage) -> JSON:
+        out = msg.to_api()
+        if msg.thread_ts == msg.ts:
+            replies = [m for m in self.channel(msg.channel, msg.ts) if m.is_reply]
+            if replies:
+                out["reply_count"] = len(replies)
+                out["reply_users"] = sorted({m.user for m in replies})
+                out["latest_reply"] = replies[-1].ts
+        elif msg.is_reply:
+            parent = self.message(msg.channel, msg.thread_ts or "")
+            if parent is not None:
+                out["parent_user_id"] = parent.user
+        return out
+
+    # ------------------------------------------------------------------ Web API methods
+
+    def _auth_test(self, params: JSON) -> JSON:
+        return {
+            "url": f"https://{TEAM_DOMAIN}.slack.com/",
+            "team": TEAM_NAME,
+            "user": BOT_NAME,
+            "team_id": TEAM_ID,
+            "user_id": BOT_USER_ID,
+            "bot_id": BOT_ID,
+            "is_enterprise_install": False,
+        }
+
+    def _apps_connections_open(self, params: JSON) -> JSON:
+        ticket = str(next(self._ticket_counter))
+        self._tickets.add(ticket)
+        return {"url": f"ws://127.0.0.1:{self._port}/socket?ticket={ticket}"}
+
+    def _chat_post_message(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        _validate_content(params)
+        self._rate_check("chat.postMessage", channel, self.post_interval)
+        thread_ts = params.get("thread_ts") or None
+        if thread_ts is not None:
+            thread_ts = self._thread_root(channel, str(thread_ts))
+            parent = self.message(channel, thread_ts)
+            if parent is not None and parent.thread_ts is None:
+                parent.thread_ts = parent.ts
+        msg = self._store(
+            FakeSlackMessage(
+                channel,
+                self.new_ts(),
+                BOT_USER_ID,
+                str(params.get("text") or ""),
+                bot=True,
+                blocks=params.get("blocks") or None,
+                thread_ts=thread_ts,
+            )
+        )
+        return {"channel": channel, "ts": msg.ts, "message": self._api_message(msg)}
+
+    def _chat_update(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        msg = self.message(channel, str(params.get("ts") or ""))
+        if msg is None:
+            raise _ApiError("message_not_found")
+        if not msg.bot:
+            raise _ApiError("cant_update_message")
+        _validate_content(params)
+        self._rate_check("chat.update", channel, self.update_interval)
+        if "text" in params or "blocks" in params:
+            msg.text = str(params.get("text") or "")
+        if "blocks" in params:
+            msg.blocks = params.get("blocks") or None
+        msg.edits.append(msg.text)
+        return {
+            "channel": channel,
+            "ts": msg.ts,
+            "text": msg.text,
+            "message": self._api_message(msg),
+        }
+
+    def _chat_delete(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        msg = self.message(channel, str(params.get("ts") or ""))
+        if msg is None:
+            raise _ApiError("message_not_found")
+        if not msg.bot:
+            raise _ApiError("cant_delete_message")
+        self.messages[channel].remove(msg)
+        self.deleted.append(msg)
+        return {"channel": channel, "ts": msg.ts}
+
+    def _chat_post_ephemeral(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        user = params.get("user")
+        if not user:
+            raise _ApiError("user_not_found")
+        _validate_content(params)
+        message_ts = self.new_ts()
+        self.ephemerals.append(
+            {
+                "channel": channel,
+                "user": str(user),
+                "text": str(params.get("text") or ""),
+                "blocks": params.get("blocks") or None,
+                "thread_ts": params.get("thread_ts") or None,
+                "message_ts": message_ts,
+            }
+        )
+        return {"message_ts": message_ts}
+
+    def _conversations_replies(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        ts = str(params.get("ts") or "")
+        msg = self.message(channel, ts)
+        if msg is None:
+            raise _ApiError("thread_not_found")
+        root = msg.thread_ts or msg.ts
+        thread = self.channel(channel, root) if self.message(channel, root) else [msg]
+        return {
+            "messages": [self._api_message(m) for m in thread],
+            "has_more": False,
+            "response_metadata": {"next_cursor": ""},
+        }
+
+    def _users_info(self, params: JSON) -> JSON:
+        user = self.users.get(str(params.get("user") or ""))
+        if user is None:
+            raise _ApiError("user_not_found")
+        return {"user": user}
+
+    def _reactions_add(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        name = str(params.get("name") or "")
+        if not name:
+            raise _ApiError("invalid_name")
+        msg = self.message(channel, str(params.get("timestamp") or ""))
+        if msg is None:
+            raise _ApiError("message_not_found")
+        if name in msg.reactions:
+            raise _ApiError("already_reacted")
+        msg.reactions.append(name)
+        self.reactions.append((channel, msg.ts, name))
+        return {}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+async def _read_params(request: web.Request) -> tuple[JSON, str | None]:
+    """Merge query string, JSON body and form body; pop the token (header or ``token``)."""
+    params: JSON = dict(request.query)
+    raw = await request.read()
+    if raw:
+        if request.content_type == "application/json":
+            body = json.loads(raw)
+            if isinstance(body, dict):
+                params.update(body)
+        else:
+            params.update(dict(parse_qsl(raw.decode(), keep_blank_values=True)))
+    for key in ("blocks", "attachments"):
+        value = params.get(key)
+        if isinstance(value, str):
+            try:
+                params[key] = json.loads(value) if value else None
+            except ValueError:
+                params[key] = value
+    token = params.pop("token", None)
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        token = auth.removeprefix("Bearer ").strip()
+    return params, token
+
+
+def _require_channel(params: JSON) -> str:
+    channel = params.get("channel")
+    if not channel or not isinstance(channel, str):
+        raise _ApiError("channel_not_found")
+    return channel
+
+
+def _validate_content(params: JSON) -> None:
+    text = params.get("text")
+    blocks = params.get("blocks")
+    if text is not None and len(str(text)) > MAX_TEXT:
+        raise _ApiError("msg_too_long")
+    if blocks is not None:
+        errors = _block_errors(blocks)
+        if errors:
+            raise _ApiError("invalid_blocks", extra={"errors": errors})
+    if not text and not blocks and not params.get("attachments"):
+        raise _ApiError("no_text")
+
+
+def _block_errors(blocks: object) -> list[str]:
+    if not isinstance(blocks, list):
+        return ["must be an array [json-pointer:/blocks]"]
+    if len(blocks) > MAX_BLOCKS:
+        return [f"must be less than {MAX_BLOCKS + 1} items [json-pointer:/blocks]"]
+    errors: list[str] = []
+    markdown_total = 0
+    for i, block in enumerate(blocks):
+        pointer = f"/blocks/{i}"
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            errors.append(f"missing required field: type [json-pointer:{pointer}]")
+            continue
+        if block["type"] == "markdown":
+            markdown_total += len(str(block.get("text", "")))
+        errors.extend(_section_errors(block, pointer))
+        errors.extend(_element_errors(block, pointer))
+    if markdown_total > MAX_MARKDOWN_TEXT:
+        errors.append(f"markdown text must be less than {MAX_MARKDOWN_TEXT + 1} characters")
+    return errors
+
+
+def _section_errors(block: JSON, pointer: str) -> list[str]:
+    if block["type"] != "section":
+        return []
+    text = block.get("text")
+    if isinstance(text, dict) and len(str(text.get("text", ""))) > MAX_SECTION_TEXT:
+        return [
+            f"failed to match all allowed schemas [json-pointer:{pointer}/text]",
+            f"must be less than {MAX_SECTION_TEXT + 1} characters "
+            f"[json-pointer:{pointer}/text/text]",
+        ]
+    if not text and not block.get("fields"):
+        return [f"must provide text or fields [json-pointer:{pointer}]"]
+    return []
+
+
+def _element_errors(block: JSON, pointer: str) -> list[str]:
+    elements: list[tuple[str, object]] = []
+    if isinstance(block.get("accessory"), dict):
+        elements.append((f"{pointer}/accessory", block["accessory"]))
+    if block["type"] == "actions" and isinstance(block.get("elements"), list):
+        elements.extend((f"{pointer}/elements/{j}", e) for j, e in enumerate(block["elements"]))
+    errors: list[str] = []
+    for where, element in elements:
+        if not isinstance(element, dict):
+            continue
+        action_id = element.get("action_id")
+        if isinstance(action_id, str) and len(action_id) > MAX_ACTION_ID:
+            errors.append(
+                f"must be less than {MAX_ACTION_ID + 1} characters [json-pointer:{where}/action_id]"
+            )
+        value = element.get("value")
+        if element.get("type") == "button" and isinstance(value, str):
+            if len(value) > MAX_BUTTON_VALUE:
+                errors.append(
+                    f"must be less than {MAX_BUTTON_VALUE + 1} characters "
+                    f"[json-pointer:{where}/value]"
+                )
+    return errors
+
+
+def _find_button(blocks: list[JSON], action_id: str) -> tuple[str, JSON | None]:
+    for block in blocks:
+        candidates: list[Any] = (
+            list(block.get("elements") or []) if block.get("type") == "actions" else []
+        )
+        if isinstance(block.get("accessory"), dict):
+            candidates.append(block["accessory"])
+        for element in candidates:
+            if isinstance(element, dict) and element.get("action_id") == action_id:
+                return str(block.get("block_id") or uuid.uuid4().hex[:5]), element
+    return uuid.uuid4().hex[:5], None
+
+
+def _channel_name(channel: str) -> str:
+    return "directmessage" if channel.startswith("D") else channel.lower()
+
+
+def block_text(blocks: list[JSON] | None) -> str:
+    """Concatenated text of section (text and fields) and markdown blocks, newline-separated."""
+    parts: list[str] = []
+    for block in blocks or []:
+        kind = block.get("type")
+        if kind == "markdown" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "section":
+            text = block.get("text")
+            if isinstance(text, dict) and isinstance(text.get("text"), str):
+                parts.append(text["text"])
+            for f in block.get("fields") or []:
+                if isinstance(f, dict) and isinstance(f.get("text"), str):
+                    parts.append(f["text"])
+    return "\n".join(parts)

@@ -1,0 +1,1675 @@
+"""A strict, in-process fake of the Telegram Bot API for tests.
+
+The fake is a small aiohttp server on 127.0.0.1 (random port) that the real
+python-telegram-bot (PTB) talks to over HTTP::
+
+    async with FakeTelegram() as tg:
+        app = (
+            ApplicationBuilder()
+            .token(tg.token)
+            .base_url(f"{tg.url}/bot")
+            .base_file_url(f"{tg.url}/file/bot")
+            .build()
+        )
+        tg.push_message(chat_id=42, user_id=42, text="hi")
+        ...
+        await tg.wait_for(lambda: tg.bot_texts(42) == ["echo: hi"])
+
+Requests arrive as ``POST /bot{token}/{method}``, form-encoded (PTB's default:
+every value is a string, nested objects are JSON strings), multipart (uploads)
+or JSON; all three are accepted, as is ``GET`` with a query string.  Replies
+have the real envelope: ``{"ok": true, "result": ...}`` or ``{"ok": false,
+"error_code": N, "description": "...", "parameters": {...}}`` with the same
+HTTP status.
+
+Where the real service is strict, this fake is too: message length after
+entity parsing, HTML/MarkdownV2 parsing errors, "message is not modified",
+callback data size, one answer per callback query, flood control on edits,
+``getUpdates`` offset confirmation and the 409 conflict between overlapping
+long polls.  Behaviour worth knowing when writing tests:
+
+* Updates are delivered at least once.  An update stays queued until a
+  ``getUpdates`` call passes an ``offset`` above its id; a consumer that fetched
+  it and then died leaves it to be served again to the next poller.
+* ``editMessageText`` / ``editMessageReplyMarkup`` without ``reply_markup``
+  remove the message's inline keyboard, as Telegram does.
+* A newer ``getUpdates`` terminates an older one still waiting: the older one
+  gets 409 ``Conflict``.  (PTB's ``Updater.stop()`` abandons its long poll and
+  then confirms with a ``timeout=0`` poll; the abandoned one gets the 409.)
+* Visible text is trimmed of surrounding whitespace, as Telegram shows it.
+* Messages in a forum topic carry ``reply_to_message`` pointing at the topic's
+  "topic created" service message unless they reply to something else.
+* Sending to a chat the fake has never seen gives 400 ``chat not found``:
+  call :meth:`FakeTelegram.push_message` or :meth:`FakeTelegram.add_chat` first.
+* Times (:attr:`Call.time`, chat actions) come from :func:`time.monotonic`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import itertools
+import json
+import math
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+JSONDict = dict[str, Any]
+Handler = Callable[[JSONDict], Awaitable[Any]]
+
+MAX_TEXT = 4096
+MAX_CAPTION = 1024
+MAX_CALLBACK_DATA = 64
+MAX_CALLBACK_ANSWER = 200
+MAX_BUTTONS = 100
+MAX_UPLOAD = 50 * 1024 * 1024
+
+NOT_MODIFIED = (
+    "message is not modified: specified new message content and reply markup are exactly "
+    "the same as a current content and reply markup of the message"
+)
+QUERY_TOO_OLD = "query is too old and response timeout expired or query ID is invalid"
+CONFLICT = (
+    "Conflict: terminated by other getUpdates request; "
+    "make sure that only one bot instance is running"
+)
+
+CHAT_ACTIONS = frozenset(
+    {
+        "typing",
+        "upload_photo",
+        "record_video",
+        "upload_video",
+        "record_voice",
+        "upload_voice",
+        "upload_document",
+        "choose_sticker",
+        "find_location",
+        "record_video_note",
+        "upload_video_note",
+    }
+)
+# The emoji a bot may use with setMessageReaction (ReactionTypeEmoji in the Bot API docs).
+REACTION_EMOJI = frozenset(
+    (
+        "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 "
+        "🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 🤨 😐 🍓 🍾 💋 🖕 😈 "
+        "😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 "
+        "🆒 💘 🙉 🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡"
+    ).split()
+)
+ENTITY_TYPES = frozenset(
+    {
+        "mention",
+        "hashtag",
+        "cashtag",
+        "bot_command",
+        "url",
+        "email",
+        "phone_number",
+        "bold",
+        "italic",
+        "underline",
+        "strikethrough",
+        "spoiler",
+        "blockquote",
+        "expandable_blockquote",
+        "code",
+        "pre",
+        "text_link",
+        "text_mention",
+        "custom_emoji",
+    }
+)
+BUTTON_ACTIONS = (
+    "url",
+    "callback_data",
+    "web_app",
+    "login_url",
+    "switch_inline_query",
+    "switch_inline_query_current_chat",
+    "switch_inline_query_chosen_chat",
+    "copy_text",
+    "callback_game",
+    "pay",
+)
+
+# How form values (always strings on the wire) are decoded into Python values.
+JSON_PARAMS = frozenset(
+    {
+        "reply_markup",
+        "entities",
+        "caption_entities",
+        "commands",
+        "allowed_updates",
+        "reaction",
+        "reply_parameters",
+        "link_preview_options",
+        "scope",
+    }
+)
+NUMBER_PARAMS = frozenset(
+    {
+        "chat_id",
+        "message_id",
+        "message_thread_id",
+        "offset",
+        "limit",
+        "timeout",
+        "cache_time",
+        "reply_to_message_id",
+        "user_id",
+    }
+)
+BOOL_PARAMS = frozenset(
+    {
+        "disable_notification",
+        "protect_content",
+        "show_alert",
+        "drop_pending_updates",
+        "is_big",
+        "allow_sending_without_reply",
+        "disable_web_page_preview",
+        "disable_content_type_detection",
+        "allow_paid_broadcast",
+    }
+)
+
+
+class ApiError(Exception):
+    """An error reply: HTTP status, description and optional ``parameters``."""
+
+    def __init__(self, status: int, description: str, parameters: JSONDict | None = None) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.parameters = parameters
+
+    def body(self) -> JSONDict:
+        out: JSONDict = {"ok": False, "error_code": self.status, "description": self.description}
+        if self.parameters:
+            out["parameters"] = self.parameters
+        return out
+
+
+def bad_request(text: str) -> ApiError:
+    return ApiError(400, f"Bad Request: {text}")
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units, the unit of Telegram entity offsets."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class UploadedFile:
+    """A file part of a multipart request."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"UploadedFile({self.filename!r}, {len(self.data)} bytes)"
+
+
+@dataclass
+class Call:
+    """One API request as the fake saw it; ``status`` is 0 while still in flight."""
+
+    method: str
+    params: JSONDict
+    time: float
+    status: int = 0
+    description: str | None = None
+    result: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+@dataclass
+class FakeDocument:
+    file_id: str
+    file_unique_id: str
+    file_name: str
+    mime_type: str
+    data: bytes
+
+    @property
+    def name(self) -> str:
+        return self.file_name
+
+    def as_json(self) -> JSONDict:
+        return {
+            "file_id": self.file_id,
+            "file_unique_id": self.file_unique_id,
+            "file_name": self.file_name,
+            "mime_type": self.mime_type,
+            "file_size": len(self.data),
+        }
+
+
+@dataclass
+class FakeMessage:
+    """A message as currently shown in the chat (after edits).
+
+    ``text`` is the visible plain text (for a document: its caption), ``raw_text``
+    what was sent, ``entities`` the parsed formatting, ``history`` every visible
+    text the message has had, oldest first.
+    """
+
+    message_id: int
+    chat_id: int
+    thread_id: int | None
+    from_bot: bool
+    text: str
+    raw_text: str
+    parse_mode: str | None = None
+    entities: list[JSONDict] = field(default_factory=list)
+    reply_markup: JSONDict | None = None
+    document: FakeDocument | None = None
+    edits: int = 0
+    deleted: bool = False
+    sender: JSONDict = field(default_factory=dict)
+    date: int = 0
+    edit_date: int | None = None
+    reply_to_message_id: int | None = None
+    reactions: list[JSONDict] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Flood:
+    """Per chat and kind (edit/send): time of the last accepted request and quick streak."""
+
+    last: float | None = None
+    streak: int = 0
+
+    def hit(self, now: float, interval: float) -> int:
+        quick = self.last is not None and now - self.last < interval
+        self.streak = self.streak + 1 if quick else 0
+        return self.streak
+
+
+class _Signal:
+    """Broadcast wake-up: every waiter holding the current event is woken by ``fire``."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event:
+        return self._event
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+
+async def _wait_event(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
+# --------------------------------------------------------------------------- text parsing
+
+
+class _Builder:
+    """Accumulates visible text and entities with UTF-16 offsets."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.pos = 0
+        self.entities: list[JSONDict] = []
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+        self.pos += utf16_len(text)
+
+    def entity(self, kind: str, start: int, **extra: Any) -> None:
+        if self.pos > start:
+            self.entities.append(
+                {"type": kind, "offset": start, "length": self.pos - start, **extra}
+            )
+
+    def result(self) -> tuple[str, list[JSONDict]]:
+        entities = sorted(self.entities, key=lambda e: (e["offset"], -e["length"]))
+        return "".join(self.parts), entities
+
+
+@dataclass
+class _Open:
+    tag: str
+    start: int  # UTF-16 offset in the visible text
+    byte: int  # byte offset of the opening markup in the source
+    extra: JSONDict
+
+
+class _Parser:
+    def __init__(self, raw: str) -> None:
+        self.raw = raw
+        self.i = 0
+        self.out = _Builder()
+        self.stack: list[_Open] = []
+
+    def byte_at(self, index: int) -> int:
+        return len(self.raw[:index].encode())
+
+    @staticmethod
+    def fail(message: str) -> ApiError:
+        return bad_request(f"can't parse entities: {message}")
+
+    def parse(self) -> tuple[str, list[JSONDict]]:
+        raise NotImplementedError
+
+
+_HTML_TAGS = {
+    "b": "bold",
+    "strong": "bold",
+    "i": "italic",
+    "em": "italic",
+    "u": "underline",
+    "ins": "underline",
+    "s": "strikethrough",
+    "strike": "strikethrough",
+    "del": "strikethrough",
+    "a": "text_link",
+    "code": "code",
+    "pre": "pre",
+    "blockquote": "blockquote",
+    "tg-spoiler": "spoiler",
+    "span": "spoiler",
+}
+_TAG_NAME = re.compile(r"[A-Za-z0-9-]*")
+_ATTRIBUTE = re.compile(r"""([A-Za-z0-9_-]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
+_HTML_ENTITY = re.compile(r"&(?:(lt|gt|amp|quot)|#([0-9]{1,7})|#[xX]([0-9a-fA-F]{1,6}));")
+_HTML_TEXT = re.compile(r"[^<&]+")
+_NAMED_ENTITIES = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
+
+
+class _HtmlParser(_Parser):
+    """Telegram's HTML subset; anything else is a parse error."""
+
+    def parse(self) -> tuple[str, list[JSONDict]]:
+        while self.i < len(self.raw):
+            ch = self.raw[self.i]
+            if ch == "<":
+                if self.raw.startswith("</", self.i):
+                    self.end_tag()
+                else:
+                    self.start_tag()
+            elif ch == "&":
+                self.entity()
+            else:
+                match = _HTML_TEXT.match(self.raw, self.i)
+                assert match is not None
+                self.out.add(match.group(0))
+                self.i = match.end()
+        if self.stack:
+            raise self.fail(
+                f'Can\'t find end tag corresponding to start tag "{self.stack[-1].tag}"'
+            )
+        return self.out.result()
+
+    def entity(self) -> None:
+        match = _HTML_ENTITY.match(self.raw, self.i)
+        if match is None:
+            raise self.fail(
+                f'Unescaped "&" at byte offset {self.byte_at(self.i)}: write it as &amp;'
+            )
+        named, decimal, hexadecimal = match.groups()
+        if named:
+            self.out.add(_NAMED_ENTITIES[named])
+        else:
+            code = int(decimal) if decimal else int(hexadecimal, 16)
+            if not 0 < code <= 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+                raise self.fail(
+                    f"Invalid character reference at byte offset {self.byte_at(self.i)}"
+                )
+            self.out.add(chr(code))
+        self.i = match.end()
+
+    def start_tag(self) -> None:
+        begin = self.i
+        name_match = _TAG_NAME.match(self.raw, begin + 1)
+        assert name_match is not None
+        name = name_match.group(0).lower()
+        if name not in _HTML_TAGS:
+            raise self.fail(f'Unsupported start tag "{name}" at byte offset {self.byte_at(begin)}')
+        attributes, self.i = self.attributes(name, name_match.end(), begin)
+        self.open(name, attributes, begin)
+
+    def attributes(self, name: str, pos: int, begin: int) -> tuple[dict[str, str], int]:
+        raw = self.raw
+        found: dict[str, str] = {}
+        while True:
+            while pos < len(raw) and raw[pos].isspace():
+                pos += 1
+            if pos >= len(raw):
+                raise self.fail(f'Unclosed start tag "{name}" at byte offset {self.byte_at(begin)}')
+            if raw[pos] == ">":
+                return found, pos + 1
+            match = _ATTRIBUTE.match(raw, pos)
+            if match is None:
+                raise self.fail(
+                    f'Expected equal sign in declaration of an attribute of the tag "{name}" '
+                    f"at byte offset {self.byte_at(begin)}"
+                )
+            value = next((g for g in match.groups()[1:] if g is not None), "")
+            found[match.group(1).lower()] = html.unescape(value)
+            pos = match.end()
+
+    def open(self, name: str, attributes: dict[str, str], begin: int) -> None:
+        extra: JSONDict = {}
+        if name == "span" and attributes.get("class") != "tg-spoiler":
+            raise self.fail(
+                f'Tag "span" must have class "tg-spoiler" at byte offset {self.byte_at(begin)}'
+            )
+        if name == "a" and attributes.get("href"):
+            extra["url"] = attributes["href"]
+        if name == "blockquote" and "expandable" in attributes:
+            extra["expandable"] = True
+        language = attributes.get("class", "")
+        if name == "code" and language.startswith("language-"):
+            extra["language"] = language.removeprefix("language-")
+        self.stack.append(_Open(name, self.out.pos, self.byte_at(begin), extra))
+
+    def end_tag(self) -> None:
+        begin = self.i
+        name_match = _TAG_NAME.match(self.raw, begin + 2)
+        assert name_match is not None
+        name = name_match.group(0).lower()
+        pos = name_match.end()
+        while pos < len(self.raw) and self.raw[pos].isspace():
+            pos += 1
+        if pos >= len(self.raw) or self.raw[pos] != ">":
+            raise self.fail(f"Unclosed end tag at byte offset {self.byte_at(begin)}")
+        if not self.stack:
+            raise self.fail(f"Unexpected end tag at byte offset {self.byte_at(begin)}")
+        top = self.stack.pop()
+        if name != top.tag:
+            raise self.fail(
+                f'Unmatched end tag at byte offset {self.byte_at(begin)}, expected "</{top.tag}>", '
+                f'found "</{name}>"'
+            )
+        self.i = pos + 1
+        self.close(top)
+
+    def close(self, top: _Open) -> None:
+        kind = _HTML_TAGS[top.tag]
+        extra = dict(top.extra)
+        if kind == "text_link" and "url" not in extra:
+            return
+        if kind == "blockquote" and extra.pop("expandable", False):
+            kind = "expandable_blockquote"
+        if kind == "code" and "language" in extra:
+            language = extra.pop("language")
+            if self.stack and self.stack[-1].tag == "pre":
+                self.stack[-1].extra["language"] = language
+                return
+        self.out.entity(kind, top.start, **extra)
+
+
+_MD2_MARKS = (
+    ("||", "spoiler"),
+    ("__", "underline"),
+    ("*", "bold"),
+    ("_", "italic"),
+    ("~", "strikethrough"),
+)
+_MD2_RESERVED = frozenset("_*[]()~`>#+-=|{}.!")
+_KIND_NAMES = {
+    "spoiler": "Spoiler",
+    "underline": "Underline",
+    "bold": "Bold",
+    "italic": "Italic",
+    "strikethrough": "Strikethrough",
+}
+
+
+class _MarkdownV2Parser(_Parser):
+    """MarkdownV2: reserved characters must be escaped, entities must be closed."""
+
+    def __init__(self, raw: str) -> None:
+        super().__init__(raw)
+        self.quote: int | None = None
+
+    def parse(self) -> tuple[str, list[JSONDict]]:
+        while self.i < len(self.raw):
+            self.step()
+        self.end_quote()
+        if self.stack:
+            raise self.unclosed(self.stack[-1])
+        return self.out.result()
+
+    def unclosed(self, top: _Open) -> ApiError:
+        name = _KIND_NAMES.get(top.extra.get("kind", ""), "TextUrl")
+        return self.fail(f"Can't find end of {name} entity at byte offset {top.byte}")
+
+    def reserved(self, ch: str) -> ApiError:
+        return self.fail(
+            f"Character '{ch}' is reserved and must be escaped with the preceding '\\'"
+        )
+
+    def step(self) -> None:
+        raw, i = self.raw, self.i
+        ch = raw[i]
+        if ch == ">" and (i == 0 or raw[i - 1] == "\n"):
+            if self.quote is None:
+                self.quote = self.out.pos
+            self.i += 1
+        elif ch == "\n":
+            if not raw.startswith(">", i + 1):
+                self.end_quote()
+            self.out.add(ch)
+            self.i += 1
+        elif ch == "\\":
+            self.escape()
+        elif ch == "`":
+            self.code()
+        elif ch == "[":
+            self.stack.append(_Open("[", self.out.pos, self.byte_at(i), {}))
+            self.i += 1
+        elif ch == "]":
+            self.link_end()
+        elif not self.marker():
+            if ch in _MD2_RESERVED:
+                raise self.reserved(ch)
+            self.out.add(ch)
+            self.i += 1
+
+    def end_quote(self) -> None:
+        if self.quote is not None:
+            self.out.entity("blockquote", self.quote)
+            self.quote = None
+
+    def escape(self) -> None:
+        nxt = self.raw[self.i + 1 : self.i + 2]
+        if nxt and 1 <= ord(nxt) <= 126:
+            self.out.add(nxt)
+            self.i += 2
+        else:
+            self.out.add("\\")
+            self.i += 1
+
+    def until(self, pos: int, stop: str, failure: ApiError) -> tuple[str, int]:
+        """Text up to the first unescaped ``stop``; a backslash escapes the next character."""
+        raw = self.raw
+        parts: list[str] = []
+        while pos < len(raw):
+            ch = raw[pos]
+            if ch == stop:
+                return "".join(parts), pos
+            if ch == "\\" and pos + 1 < len(raw):
+                parts.append(raw[pos + 1])
+                pos += 2
+                continue
+            parts.append(ch)
+            pos += 1
+        raise failure
+
+    def code(self) -> None:
+        begin = self.byte_at(self.i)
+        start = self.out.pos
+        if not self.raw.startswith("```", self.i):
+            failure = self.fail(f"Can't find end of Code entity at byte offset {begin}")
+            body, end = self.until(self.i + 1, "`", failure)
+            self.out.add(body)
+            self.out.entity("code", start)
+            self.i = end + 1
+            return
+        failure = self.fail(f"Can't find end of Pre entity at byte offset {begin}")
+        body, end = self.until(self.i + 3, "`", failure)
+        if not self.raw.startswith("```", end):
+            raise failure
+        first, newline, rest = body.partition("\n")
+        extra: JSONDict = {}
+        if newline and first and not any(c.isspace() for c in first):
+            extra["language"], body = first, rest
+        self.out.add(body)
+        self.out.entity("pre", start, **extra)
+        self.i = end + 3
+
+    def link_end(self) -> None:
+        if not self.stack or self.stack[-1].tag != "[":
+            raise self.reserved("]")
+        top = self.stack.pop()
+        failure = self.fail(f"Can't find end of a URL for TextUrl entity at byte offset {top.byte}")
+        if not self.raw.startswith("(", self.i + 1):
+            raise failure
+        url, end = self.until(self.i + 2, ")", failure)
+        self.out.entity("text_link", top.start, url=url)
+        self.i = end + 1
+
+    def marker(self) -> bool:
+        for mark, kind in _MD2_MARKS:
+            if self.raw.startswith(mark, self.i):
+                self.toggle(mark, kind)
+                self.i += len(mark)
+                return True
+        return False
+
+    def toggle(self, mark: str, kind: str) -> None:
+        if all(o.tag != mark for o in self.stack):
+            self.stack.append(_Open(mark, self.out.pos, self.byte_at(self.i), {"kind": kind}))
+            return
+        top = self.stack[-1]
+        if top.tag != mark:
+            raise self.unclosed(top)
+        self.stack.pop()
+        self.out.entity(kind, top.start)
+
+
+_MD_LINK = re.compile(r"\[([^\]]*)\]\(([^)]*)\)")
+_MD_KINDS = {"*": "bold", "_": "italic", "`": "code"}
+
+
+class _MarkdownParser(_Parser):
+    """Legacy Markdown: *bold*, _italic_, `code`, ```pre```, [text](url); no nesting."""
+
+    def parse(self) -> tuple[str, list[JSONDict]]:
+        while self.i < len(self.raw):
+            self.step()
+        return self.out.result()
+
+    def unclosed(self) -> ApiError:
+        return self.fail(
+            f"Can't find end of the entity starting at byte offset {self.byte_at(self.i)}"
+        )
+
+    def step(self) -> None:
+        raw, i = self.raw, self.i
+        ch = raw[i]
+        start = self.out.pos
+        if ch == "\\" and raw[i + 1 : i + 2] in ("_", "*", "`", "["):
+            self.out.add(raw[i + 1])
+            self.i += 2
+        elif raw.startswith("```", i):
+            end = raw.find("```", i + 3)
+            if end < 0:
+                raise self.unclosed()
+            self.out.add(raw[i + 3 : end])
+            self.out.entity("pre", start)
+            self.i = end + 3
+        elif ch in _MD_KINDS:
+            end = raw.find(ch, i + 1)
+            if end < 0:
+                raise self.unclosed()
+            self.out.add(raw[i + 1 : end])
+            self.out.entity(_MD_KINDS[ch], start)
+            self.i = end + 1
+        elif ch == "[":
+            match = _MD_LINK.match(raw, i)
+            if match is None:
+                raise self.unclosed()
+            self.out.add(match.group(1))
+            self.out.entity("text_link", start, url=match.group(2))
+            self.i = match.end()
+        else:
+            self.out.add(ch)
+            self.i += 1
+
+
+_PARSERS: dict[str, type[_Parser]] = {
+    "html": _HtmlParser,
+    "markdownv2": _MarkdownV2Parser,
+    "markdown": _MarkdownParser,
+}
+
+
+def _check_entity(entity: Any, size: int) -> JSONDict:
+    if not isinstance(entity, dict) or entity.get("type") not in ENTITY_TYPES:
+        raise _Parser.fail(f"unsupported entity {entity!r}")
+    offset, length = entity.get("offset"), entity.get("length")
+    if not isinstance(offset, int) or not isinstance(length, int):
+        raise _Parser.fail(f"entity offset and length must be integers: {entity!r}")
+    if offset < 0 or length < 1 or offset + length > size:
+        raise _Parser.fail(f"entity {entity!r} is outside the text (length {size})")
+    if entity["type"] == "text_link" and not entity.get("url"):
+        raise _Parser.fail("text_link entity without url")
+    return dict(entity)
+
+
+def _trim(text: str, entities: list[JSONDict]) -> tuple[str, list[JSONDict]]:
+    stripped = text.strip()
+    if stripped == text:
+        return text, entities
+    shift = utf16_len(text[: len(text) - len(text.lstrip())])
+    limit = utf16_len(stripped)
+    out: list[JSONDict] = []
+    for entity in entities:
+        start = max(entity["offset"] - shift, 0)
+        end = min(entity["offset"] + entity["length"] - shift, limit)
+        if end > start:
+            out.append({**entity, "offset": start, "length": end - start})
+    return stripped, out
+
+
+def parse_text(text: str, parse_mode: Any, entities: Any) -> tuple[str, list[JSONDict]]:
+    """Visible text and entities, as Telegram would show ``text``.
+
+    Explicit ``entities`` win over ``parse_mode``.  Raises :class:`ApiError`.
+    """
+    if entities is not None:
+        if not isinstance(entities, list):
+            raise _Parser.fail("entities must be an array")
+        size = utf16_len(text)
+        checked = [_check_entity(entity, size) for entity in entities]
+        visible, found = text, sorted(checked, key=lambda e: (e["offset"], -e["length"]))
+    elif not parse_mode:
+        visible, found = text, []
+    else:
+        parser = _PARSERS.get(str(parse_mode).lower())
+        if parser is None:
+            raise bad_request(f"unsupported parse_mode {parse_mode!r}")
+        visible, found = parser(text).parse()
+    return _trim(visible, found)
+
+
+def html_to_text(raw: str) -> str:
+    """Visible plain text of Telegram HTML (raises :class:`ApiError` if it is invalid)."""
+    return parse_text(raw, "HTML", None)[0]
+
+
+# --------------------------------------------------------------------------- markup
+
+
+def _check_button(button: Any) -> None:
+    if not isinstance(button, dict) or not isinstance(button.get("text"), str):
+        raise bad_request(
+            'can\'t parse inline keyboard button: Field "text" must be of type String'
+        )
+    if not button["text"].strip():
+        raise bad_request("BUTTON_TEXT_INVALID")
+    actions = [key for key in BUTTON_ACTIONS if key in button]
+    if len(actions) != 1:
+        raise bad_request(
+            "can't parse inline keyboard button: Text buttons are unallowed in the inline keyboard"
+        )
+    if "callback_data" in button:
+        data = button["callback_data"]
+        if not isinstance(data, str) or not 1 <= len(data.encode()) <= MAX_CALLBACK_DATA:
+            raise bad_request("BUTTON_DATA_INVALID")
+    if "url" in button and not re.fullmatch(r"(https?|tg)://\S+", str(button["url"])):
+        raise bad_request("BUTTON_URL_INVALID")
+
+
+def check_markup(markup: Any, *, inline_only: bool) -> JSONDict | None:
+    """Validated reply_markup; an inline keyboard without buttons counts as none."""
+    if markup is None:
+        return None
+    if not isinstance(markup, dict):
+        raise bad_request("can't parse reply keyboard markup JSON object")
+    if "inline_keyboard" in markup:
+        rows = markup["inline_keyboard"]
+        if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+            raise bad_request("can't parse inline keyboard markup: expected an Array of Arrays")
+        buttons = [button for row in rows for button in row]
+        if len(buttons) > MAX_BUTTONS:
+            raise bad_request("REPLY_MARKUP_TOO_LONG")
+        for button in buttons:
+            _check_button(button)
+        return markup if buttons else None
+    if inline_only:
+        raise bad_request("inline keyboard expected")
+    if any(key in markup for key in ("keyboard", "remove_keyboard", "force_reply")):
+        return markup
+    raise bad_request("can't parse reply keyboard markup JSON object")
+
+
+def _callback_datas(markup: JSONDict | None) -> set[str]:
+    if not markup:
+        return set()
+    rows = markup.get("inline_keyboard", [])
+    return {b["callback_data"] for row in rows for b in row if "callback_data" in b}
+
+
+# --------------------------------------------------------------------------- incoming entities
+
+_COMMAND = re.compile(r"(?<!\S)/[A-Za-z0-9_]{1,32}(?:@[A-Za-z0-9_]{3,32})?(?![A-Za-z0-9_/@])")
+_URL = re.compile(r"https?://[^\s<>\"]+")
+_MENTION = re.compile(r"(?<![A-Za-z0-9_@])@[A-Za-z0-9_]{5,32}(?![A-Za-z0-9_])")
+
+
+def auto_entities(text: str) -> list[JSONDict]:
+    """Entities Telegram detects in a user's text: bot commands, URLs, @mentions."""
+    found: list[JSONDict] = []
+    taken: list[tuple[int, int]] = []
+    for pattern, kind in ((_COMMAND, "bot_command"), (_URL, "url"), (_MENTION, "mention")):
+        for match in pattern.finditer(text):
+            start, end = match.span()
+            if any(start < b and a < end for a, b in taken):
+                continue
+            taken.append((start, end))
+            offset = utf16_len(text[:start])
+            found.append({"type": kind, "offset": offset, "length": utf16_len(match.group(0))})
+    return sorted(found, key=lambda e: e["offset"])
+
+
+# --------------------------------------------------------------------------- request decoding
+
+
+def _decode_value(key: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    if key in JSON_PARAMS:
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise bad_request(f"can't parse {key} JSON object") from None
+    if key in NUMBER_PARAMS:
+        for kind in (int, float):
+            with contextlib.suppress(ValueError):
+                return kind(value)
+        return value
+    if key in BOOL_PARAMS:
+        return value.strip().lower() in ("true", "1")
+    return value
+
+
+async def _read_params(request: web.Request) -> JSONDict:
+    raw: JSONDict = dict(request.query)
+    if request.content_type == "application/json":
+        body = await request.read()
+        if body:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                raise bad_request("can't parse JSON request body") from None
+            if not isinstance(data, dict):
+                raise bad_request("JSON request body must be an object")
+            raw.update(data)
+    elif request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await request.post()
+        for key, value in form.items():
+            if isinstance(value, web.FileField):
+                raw[key] = UploadedFile(value.filename, value.content_type, value.file.read())
+            elif isinstance(value, bytes | bytearray):
+                raw[key] = bytes(value).decode()
+            else:
+                raw[key] = value
+    return {key: _decode_value(key, value) for key, value in raw.items()}
+
+
+def _require_int(params: JSONDict, key: str) -> int:
+    value = params.get(key)
+    if value is None or value == "":
+        raise bad_request(f"{key} is empty")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"invalid {key} {value!r}")
+    return value
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class FakeTelegram:
+    """The fake Bot API server plus the helpers tests drive it with.
+
+    Flood control (when ``flood`` is true): per chat, an edit (editMessageText or
+    editMessageReplyMarkup) that arrives less than ``edit_interval`` seconds after
+    the previous accepted edit is "quick"; after ``burst`` quick edits in a row the
+    next quick one gets 429 ``retry after N`` (N = ``retry_after``) and opens a hold
+    of N seconds during which every send and edit to that chat gets 429 too, with
+    the seconds left.  ``send_interval`` (off when 0) applies the same rule to
+    sendMessage/sendDocument.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str = "123:ABC",
+        bot_username: str = "tandem_bot",
+        edit_interval: float = 1.0,
+        burst: int = 3,
+        retry_after: int = 1,
+        flood: bool = True,
+        send_interval: float = 0.0,
+    ) -> None:
+        if retry_after < 1:
+            raise ValueError("retry_after must be at least 1 (PTB ignores a zero retry_after)")
+        self.token = token
+        self.bot_username = bot_username
+        self.edit_interval = edit_interval
+        self.send_interval = send_interval
+        self.burst = burst
+        self.retry_after = retry_after
+        self.flood = flood
+        self.me: JSONDict = {
+            "id": 999,
+            "is_bot": True,
+            "first_name": "Tandem",
+            "username": bot_username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+        self.url = ""
+        self.calls: list[Call] = []
+        self.callback_answers: dict[str, dict[str, Any]] = {}
+        self.rate_limited: list[tuple[int, str]] = []
+        self.chat_actions: list[tuple[int, str, float]] = []
+        self.reactions: list[tuple[int, int, list[JSONDict]]] = []
+        self.internal_errors: list[BaseException] = []
+        self._commands: dict[str, list[JSONDict]] = {}
+        self._chats: dict[int, JSONDict] = {}
+        self._messages: dict[int, list[FakeMessage]] = {}
+        self._next_message_id: dict[int, int] = {}
+        self._updates: list[JSONDict] = []
+        self._update_ids = itertools.count(10_001)
+        self._query_ids = itertools.count(4_815_162_342_000_001)
+        self._file_ids = itertools.count(1)
+        self._open_queries: set[str] = set()
+        self._files: dict[str, FakeDocument] = {}
+        self._edit_times: dict[int, list[float]] = {}
+        self._flood_state: dict[tuple[int, str], _Flood] = {}
+        self._hold_until: dict[int, float] = {}
+        self._allowed_updates: list[str] | None = None
+        self._poll_generation = 0
+        self._signal = _Signal()
+        self._closing = False
+        self._runner: web.AppRunner | None = None
+        handlers: dict[str, Handler] = {
+            "getMe": self._get_me,
+            "deleteWebhook": self._delete_webhook,
+            "getWebhookInfo": self._get_webhook_info,
+            "getUpdates": self._get_updates,
+            "sendMessage": self._send_message,
+            "editMessageText": self._edit_message_text,
+            "editMessageReplyMarkup": self._edit_message_reply_markup,
+            "deleteMessage": self._delete_message,
+            "answerCallbackQuery": self._answer_callback_query,
+            "sendChatAction": self._send_chat_action,
+            "sendDocument": self._send_document,
+            "getFile": self._get_file,
+            "setMyCommands": self._set_my_commands,
+            "getMyCommands": self._get_my_commands,
+            "deleteMyCommands": self._delete_my_commands,
+            "setMessageReaction": self._set_message_reaction,
+        }
+        self._methods = {name.lower(): (name, handler) for name, handler in handlers.items()}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=MAX_UPLOAD + 1024 * 1024)
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def close(self) -> None:
+        self._closing = True
+        self._signal.fire()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeTelegram:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ test helpers
+
+    def add_chat(
+        self,
+        chat_id: int,
+        chat_type: str = "private",
+        *,
+        title: str | None = None,
+        first_name: str = "Ann",
+        username: str | None = None,
+        is_forum: bool = False,
+    ) -> JSONDict:
+        """Make a chat known (the bot can only talk in chats it has seen)."""
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            chat = {"id": chat_id, "type": chat_type}
+            if chat_type == "private":
+                chat["first_name"] = first_name
+                if username:
+                    chat["username"] = username
+            else:
+                chat["title"] = title or f"Group {chat_id}"
+            self._chats[chat_id] = chat
+        elif chat["type"] != chat_type:
+            raise ValueError(f"chat {chat_id} is a {chat['type']}, not a {chat_type}")
+        if is_forum and chat_type == "supergroup":
+            chat["is_forum"] = True
+        return chat
+
+    def push_message(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str,
+        *,
+        chat_type: str = "private",
+        thread_id: int | None = None,
+        reply_to_message_id: int | None = None,
+        first_name: str = "Ann",
+        username: str | None = None,
+    ) -> int:
+        """Queue a user's text message as an update; returns the update_id."""
+        self.add_chat(
+            chat_id,
+            chat_type,
+            first_name=first_name,
+            username=username,
+            is_forum=thread_id is not None,
+        )
+        if reply_to_message_id is not None:
+            target = self._find(chat_id, reply_to_message_id)
+            if target is None:
+                raise ValueError(f"no message {reply_to_message_id} in chat {chat_id} to reply to")
+            if thread_id is None:
+                thread_id = target.thread_id
+        sender: JSONDict = {"id": user_id, "is_bot": False, "first_name": first_name}
+        if username:
+            sender["username"] = username
+        sender["language_code"] = "en"
+        message = self._new_message(
+            chat_id,
+            thread_id=thread_id,
+            from_bot=False,
+            sender=sender,
+            text=text,
+            raw_text=text,
+            entities=auto_entities(text),
+            reply_to_message_id=reply_to_message_id,
+        )
+        return self._push_update({"message": self._message_json(message)})
+
+    def push_callback(
+        self,
+        chat_id: int,
+        user_id: int,
+        message_id: int,
+        data: str,
+        *,
+        first_name: str = "Ann",
+        forged: bool = False,
+    ) -> str:
+        """Queue a button press on a stored message; returns the callback query id.
+
+        ``data`` must be on one of the message's buttons unless ``forged`` is true.
+        """
+        message = self._find(chat_id, message_id)
+        if message is None:
+            raise ValueError(f"no message {message_id} in chat {chat_id}")
+        if not forged and data not in _callback_datas(message.reply_markup):
+            raise ValueError(
+                f"message {message_id} has no button with callback_data {data!r}; "
+                f"it has {sorted(_callback_datas(message.reply_markup))}"
+            )
+        query_id = str(next(self._query_ids))
+        self._open_queries.add(query_id)
+        query = {
+            "id": query_id,
+            "from": {
+                "id": user_id,
+                "is_bot": False,
+                "first_name": first_name,
+                "language_code": "en",
+            },
+            "message": self._message_json(message),
+            "chat_instance": str(abs(chat_id) * 7919 + 13),
+            "data": data,
+        }
+        self._push_update({"callback_query": query})
+        return query_id
+
+    def redeliver_unconfirmed(self) -> None:
+        """No-op, kept for readability in tests.
+
+        Unconfirmed updates are never dropped: every ``getUpdates`` whose offset
+        does not confirm them serves them again, as after a bot crash.
+        """
+
+    @property
+    def pending_updates(self) -> list[int]:
+        """Ids of updates not yet confirmed by an offset."""
+        return [update["update_id"] for update in self._updates]
+
+    def chat(self, chat_id: int, thread_id: int | None = None) -> list[FakeMessage]:
+        """Messages currently shown in the chat (deleted ones left out), oldest first."""
+        return [
+            m
+            for m in self._messages.get(chat_id, [])
+            if not m.deleted and (thread_id is None or m.thread_id == thread_id)
+        ]
+
+    def message(self, chat_id: int, message_id: int) -> FakeMessage:
+        found = self._find(chat_id, message_id, include_deleted=True)
+        if found is None:
+            raise KeyError(f"no message {message_id} in chat {chat_id}")
+        return found
+
+    def bot_texts(self, chat_id: int, thread_id: int | None = None) -> list[str]:
+        """Visible texts (captions for documents) of the bot's messages, oldest first."""
+        return [m.text for m in self.chat(chat_id, thread_id) if m.from_bot]
+
+    @property
+    def commands(self) -> list[JSONDict]:
+        """Commands set for the default scope and language."""
+        return self._commands.get(self._commands_key({}), [])
+
+    def calls_to(self, method: str) -> list[Call]:
+        return [call for call in self.calls if call.method.lower() == method.lower()]
+
+    def max_edit_rate(self, chat_id: int) -> int:
+        """Most edit requests to the chat seen within any one-second window."""
+        times = sorted(self._edit_times.get(chat_id, []))
+        best = left = 0
+        for right, moment in enumerate(times):
+            while moment - times[left] >= 1.0:
+                left += 1
+            best = max(best, right - left + 1)
+        return best
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until ``predicate()`` holds; it is re-checked after every API call."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = self._signal.current()
+            if predicate():
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise AssertionError(f"condition not met within {timeout}s\n{self.dump()}")
+            await _wait_event(event, remaining)
+
+    def dump(self) -> str:
+        """A readable summary of recent calls and every chat, for failure messages."""
+        lines = ["last API calls:"]
+        for call in self.calls[-25:]:
+            note = f" {call.description}" if call.description else ""
+            lines.append(
+                f"  {call.method} -> {call.status or 'pending'}{note} {_short(call.params)}"
+            )
+        lines.append(f"unconfirmed updates: {self.pending_updates}")
+        for error in self.internal_errors:
+            lines.append(f"FAKE SERVER ERROR: {error!r}")
+        for chat_id, messages in self._messages.items():
+            lines.append(f"chat {chat_id}:")
+            for m in messages:
+                who = "bot" if m.from_bot else "user"
+                flags = " (deleted)" if m.deleted else ""
+                thread = f" [thread {m.thread_id}]" if m.thread_id is not None else ""
+                lines.append(f"  #{m.message_id} {who}{thread}{flags}: {_short(m.text, 100)}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ HTTP plumbing
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        name = request.match_info["method"]
+        entry = self._methods.get(name.lower())
+        call = Call(method=entry[0] if entry else name, params={}, time=time.monotonic())
+        self.calls.append(call)
+        try:
+            if request.match_info["token"] != self.token:
+                raise ApiError(401, "Unauthorized")
+            call.params = await _read_params(request)
+            if entry is None:
+                raise ApiError(404, "Not Found: method not found")
+            result = await entry[1](call.params)
+        except ApiError as exc:
+            call.status, call.description = exc.status, exc.description
+            body = exc.body()
+        except Exception as exc:
+            self.internal_errors.append(exc)
+            call.status, call.description = 500, f"Internal Server Error: fake failed: {exc!r}"
+            body = {"ok": False, "error_code": 500, "description": call.description}
+        else:
+            call.status, call.result = 200, result
+            body = {"ok": True, "result": result}
+        self._signal.fire()
+        return web.json_response(body, status=call.status)
+
+    async def _download(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return web.json_response(ApiError(401, "Unauthorized").body(), status=401)
+        file_id = request.match_info["path"].split("/")[-1].split("_", 1)[0]
+        document = self._files.get(file_id)
+        if document is None:
+            return web.json_response(ApiError(404, "Not Found").body(), status=404)
+        return web.Response(body=document.data, content_type="application/octet-stream")
+
+    def _push_update(self, payload: JSONDict) -> int:
+        update_id = next(self._update_ids)
+        self._updates.append({"update_id": update_id, **payload})
+        self._signal.fire()
+        return update_id
+
+    # ------------------------------------------------------------------ state helpers
+
+    def _chat_id(self, params: JSONDict) -> int:
+        value = params.get("chat_id")
+        if value is None or value == "":
+            raise bad_request("chat_id is empty")
+        if not isinstance(value, int) or value not in self._chats:
+            raise bad_request("chat not found")
+        return value
+
+    def _find(
+        self, chat_id: int, message_id: int, *, include_deleted: bool = False
+    ) -> FakeMessage | None:
+        for message in self._messages.get(chat_id, []):
+            if message.message_id == message_id and (include_deleted or not message.deleted):
+                return message
+        return None
+
+    def _new_message(self, chat_id: int, **fields: Any) -> FakeMessage:
+        message_id = self._next_message_id.get(chat_id, 1)
+        self._next_message_id[chat_id] = message_id + 1
+        message = FakeMessage(
+            message_id=message_id, chat_id=chat_id, date=int(time.time()), **fields
+        )
+        message.history.append(message.text)
+        self._messages.setdefault(chat_id, []).append(message)
+        return message
+
+    def _bot_message(self, chat_id: int, params: JSONDict, **fields: Any) -> FakeMessage:
+        thread_id, reply_to = self._placement(chat_id, params)
+        return self._new_message(
+            chat_id,
+            thread_id=thread_id,
+            from_bot=True,
+            sender={k: self.me[k] for k in ("id", "is_bot", "first_name", "username")},
+            reply_to_message_id=reply_to,
+            **fields,
+        )
+
+    def _placement(self, chat_id: int, params: JSONDict) -> tuple[int | None, int | None]:
+        """Thread and reply target of a message the bot sends."""
+        thread_id = params.get("message_thread_id")
+        if thread_id is not None:
+            chat = self._chats[chat_id]
+            if not isinstance(thread_id, int) or not (
+                chat.get("is_forum") or chat["type"] == "private"
+            ):
+                raise bad_request("message thread not found")
+        reply = params.get("reply_parameters") or {}
+        if not isinstance(reply, dict):
+            raise bad_request("can't parse reply parameters JSON object")
+        reply_to = reply.get("message_id", params.get("reply_to_message_id"))
+        if reply_to is None:
+            return thread_id, None
+        target = self._find(chat_id, reply_to) if isinstance(reply_to, int) else None
+        if target is None:
+            allow = reply.get(
+                "allow_sending_without_reply", params.get("allow_sending_without_reply")
+            )
+            if not allow:
+                raise bad_request("message to be replied not found")
+            return thread_id, None
+        return (thread_id if thread_id is not None else target.thread_id), reply_to
+
+    def _message_json(self, message: FakeMessage, *, with_reply: bool = True) -> JSONDict:
+        chat = self._chats[message.chat_id]
+        out: JSONDict = {
+            "message_id": message.message_id,
+            "from": message.sender,
+            "chat": chat,
+            "date": message.date,
+        }
+        if message.thread_id is not None:
+            out["message_thread_id"] = message.thread_id
+            if chat.get("is_forum") or chat["type"] == "private":
+                out["is_topic_message"] = True
+        if with_reply:
+            reply = self._reply_json(message, chat)
+            if reply is not None:
+                out["reply_to_message"] = reply
+        if message.edit_date is not None:
+            out["edit_date"] = message.edit_date
+        if message.document is not None:
+            out["document"] = message.document.as_json()
+            text_key, entities_key = "caption", "caption_entities"
+        else:
+            text_key, entities_key = "text", "entities"
+        if message.text or message.document is None:
+            out[text_key] = message.text
+        if message.entities:
+            out[entities_key] = message.entities
+        if message.reply_markup and "inline_keyboard" in message.reply_markup:
+            out["reply_markup"] = message.reply_markup
+        return out
+
+    def _reply_json(self, message: FakeMessage, chat: JSONDict) -> JSONDict | None:
+        if message.reply_to_message_id is not None:
+            target = self._find(message.chat_id, message.reply_to_message_id)
+            return None if target is None else self._message_json(target, with_reply=False)
+        if message.thread_id is None or not chat.get("is_forum"):
+            return None
+        return {
+            "message_id": message.thread_id,
+            "from": message.sender,
+            "chat": chat,
+            "date": message.date,
+            "message_thread_id": message.thread_id,
+            "forum_topic_created": {"name": f"Topic {message.thread_id}", "icon_color": 7322096},
+            "is_topic_message": True,
+        }
+
+    # ------------------------------------------------------------------ flood control
+
+    def _too_many(self, chat_id: int, method: str, seconds: float) -> ApiError:
+        wait = max(1, math.ceil(seconds))
+        self.rate_limited.append((chat_id, method))
+        return ApiError(429, f"Too Many Requests: retry after {wait}", {"retry_after": wait})
+
+    def _check_hold(self, chat_id: int, method: str) -> None:
+        remaining = self._hold_until.get(chat_id, 0.0) - time.monotonic()
+        if self.flood and remaining > 0:
+            raise self._too_many(chat_id, method, remaining)
+
+    def _count(self, chat_id: int, method: str, kind: str, interval: float) -> None:
+        if not self.flood or interval <= 0:
+            return
+        state = self._flood_state.setdefault((chat_id, kind), _Flood())
+        now = time.monotonic()
+        if state.hit(now, interval) > self.burst:
+            state.streak = 0
+            self._hold_until[chat_id] = now + self.retry_after
+            raise self._too_many(chat_id, method, self.retry_after)
+        state.last = now
+
+    def _editable(self, params: JSONDict, method: str) -> FakeMessage:
+        if params.get("inline_message_id"):
+            raise bad_request("inline messages are not supported by this fake")
+        chat_id = self._chat_id(params)
+        self._edit_times.setdefault(chat_id, []).append(time.monotonic())
+        self._check_hold(chat_id, method)
+        message = self._find(chat_id, _require_int(params, "message_id"))
+        if message is None:
+            raise bad_request("message to edit not found")
+        if not message.from_bot:
+            raise bad_request("message can't be edited")
+        return message
+
+    # ------------------------------------------------------------------ API methods
+
+    async def _get_me(self, params: JSONDict) -> JSONDict:
+        return self.me
+
+    async def _delete_webhook(self, params: JSONDict) -> bool:
+        if params.get("drop_pending_updates"):
+            self._updates.clear()
+        return True
+
+    async def _get_webhook_info(self, params: JSONDict) -> JSONDict:
+        return {
+            "url": "",
+            "has_custom_certificate": False,
+            "pending_update_count": len(self._updates),
+        }
+
+    def _confirm(self, offset: int) -> None:
+        if offset > 0:
+            self._updates = [u for u in self._updates if u["update_id"] >= offset]
+        elif offset < 0:
+            self._updates = self._updates[offset:]
+
+    def _deliverable(self, limit: int) -> list[JSONDict]:
+        allowed = self._allowed_updates
+        ready = [u for u in self._updates if not allowed or any(k in u for k in allowed)]
+        return ready[:limit]
+
+    async def _get_updates(self, params: JSONDict) -> list[JSONDict]:
+        offset = params.get("offset") or 0
+        limit = params.get("limit", 100)
+        timeout = params.get("timeout") or 0
+        if not isinstance(offset, int) or not isinstance(timeout, int | float):
+            raise bad_request("offset must be an integer and timeout a number")
+        if not isinstance(limit, int) or not 1 <= limit <= 100:
+            raise bad_request("limit must be between 1 and 100")
+        if "allowed_updates" in params:
+            self._allowed_updates = list(params["allowed_updates"] or []) or None
+        self._confirm(offset)
+        self._poll_generation += 1
+        generation = self._poll_generation
+        self._signal.fire()  # an older long poll still waiting wakes up and gets 409
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(float(timeout), 0.0)
+        while True:
+            event = self._signal.current()
+            if generation != self._poll_generation:
+                raise ApiError(409, CONFLICT)
+            ready = self._deliverable(limit)
+            remaining = deadline - loop.time()
+            if ready or remaining <= 0 or self._closing:
+                return ready
+            await _wait_event(event, remaining)
+
+    async def _send_message(self, params: JSONDict) -> JSONDict:
+        chat_id = self._chat_id(params)
+        self._check_hold(chat_id, "sendMessage")
+        visible, entities = parse_text(
+            str(params.get("text", "")), params.get("parse_mode"), params.get("entities")
+        )
+        if not visible:
+            raise bad_request("message text is empty")
+        if len(visible) > MAX_TEXT:
+            raise bad_request("message is too long")
+        markup = check_markup(params.get("reply_markup"), inline_only=False)
+        self._placement(chat_id, params)  # validate before counting towards flood control
+        self._count(chat_id, "sendMessage", "send", self.send_interval)
+        message = self._bot_message(
+            chat_id,
+            params,
+            text=visible,
+            raw_text=str(params.get("text", "")),
+            parse_mode=params.get("parse_mode"),
+            entities=entities,
+            reply_markup=markup,
+        )
+        return self._message_json(message)
+
+    async def _edit_message_text(self, params: JSONDict) -> JSONDict:
+        message = self._editable(params, "editMessageText")
+        if message.document is not None:
+            raise bad_request("there is no text in the message to edit")
+        raw = str(params.get("text", ""))
+        visible, entities = parse_text(raw, params.get("parse_mode"), params.get("entities"))
+        if not visible:
+            raise bad_request("message text is empty")
+        if len(visible) > MAX_TEXT:
+            raise bad_request("message is too long")
+        markup = check_markup(params.get("reply_markup"), inline_only=True)
+        if (visible, entities, markup) == (message.text, message.entities, message.reply_markup):
+            raise bad_request(NOT_MODIFIED)
+        self._count(message.chat_id, "editMessageText", "edit", self.edit_interval)
+        message.text, message.raw_text, message.entities = visible, raw, entities
+        message.parse_mode = params.get("parse_mode")
+        message.reply_markup = markup
+        message.history.append(visible)
+        self._mark_edited(message)
+        return self._message_json(message)
+
+    async def _edit_message_reply_markup(self, params: JSONDict) -> JSONDict:
+        message = self._editable(params, "editMessageReplyMarkup")
+        markup = check_markup(params.get("reply_markup"), inline_only=True)
+        if markup == message.reply_markup:
+            raise bad_request(NOT_MODIFIED)
+        self._count(message.chat_id, "editMessageReplyMarkup", "edit", self.edit_interval)
+        message.reply_markup = markup
+        self._mark_edited(message)
+        return self._message_json(message)
+
+    @staticmethod
+    def _mark_edited(message: FakeMessage) -> None:
+        message.edits += 1
+        message.edit_date = int(time.time())
+
+    async def _delete_message(self, params: JSONDict) -> bool:
+        chat_id = self._chat_id(params)
+        message = self._find(chat_id, _require_int(params, "message_id"))
+        if message is None:
+            raise bad_request("message to delete not found")
+        message.deleted = True
+        return True
+
+    async def _answer_callback_query(self, params: JSONDict) -> bool:
+        query_id = str(params.get("callback_query_id") or "")
+        if query_id not in self._open_queries:
+            raise bad_request(QUERY_TOO_OLD)
+        text = params.get("text")
+        if text is not None and len(str(text)) > MAX_CALLBACK_ANSWER:
+            raise bad_request("MESSAGE_TOO_LONG")
+        self._open_queries.discard(query_id)
+        self.callback_answers[query_id] = {
+            "text": text,
+            "show_alert": bool(params.get("show_alert", False)),
+            "url": params.get("url"),
+            "cache_time": params.get("cache_time"),
+            "time": time.monotonic(),
+        }
+        return True
+
+    async def _send_chat_action(self, params: JSONDict) -> bool:
+        chat_id = self._chat_id(params)
+        action = params.get("action")
+        if action not in CHAT_ACTIONS:
+            raise bad_request("wrong parameter action in request")
+        self.chat_actions.append((chat_id, str(action), time.monotonic()))
+        return True
+
+    def _document_from(self, params: JSONDict) -> FakeDocument:
+        value = params.get("document")
+        if isinstance(value, str) and value.startswith("attach://"):
+            value = params.get(value.removeprefix("attach://"))
+        if isinstance(value, str):
+            known = self._files.get(value)
+            if known is None:
+                raise bad_request("wrong file identifier/HTTP URL specified")
+            return known
+        if not isinstance(value, UploadedFile):
+            raise bad_request("there is no document in the request")
+        if not value.data:
+            raise bad_request("file must be non-empty")
+        if len(value.data) > MAX_UPLOAD:
+            raise ApiError(413, "Request Entity Too Large")
+        number = next(self._file_ids)
+        document = FakeDocument(
+            file_id=f"BQACAgIAAxkDAAI{number:06d}",
+            file_unique_id=f"AgAD{number:06d}",
+            file_name=value.filename or "document",
+            mime_type=value.content_type or "application/octet-stream",
+            data=value.data,
+        )
+        self._files[document.file_id] = document
+        return document
+
+    async def _send_document(self, params: JSONDict) -> JSONDict:
+        chat_id = self._chat_id(params)
+        self._check_hold(chat_id, "sendDocument")
+        document = self._document_from(params)
+        caption = str(params.get("caption") or "")
+        visible, entities = parse_text(
+            caption, params.get("parse_mode"), params.get("caption_entities")
+        )
+        if len(visible) > MAX_CAPTION:
+            raise bad_request("message caption is too long")
+        markup = check_markup(params.get("reply_markup"), inline_only=False)
+        self._placement(chat_id, params)
+        self._count(chat_id, "sendDocument", "send", self.send_interval)
+        message = self._bot_message(
+            chat_id,
+            params,
+            text=visible,
+            raw_text=caption,
+            parse_mode=params.get("parse_mode"),
+            entities=entities,
+            reply_markup=markup,
+            document=document,
+        )
+        return self._message_json(message)
+
+    async def _get_file(self, params: JSONDict) -> JSONDict:
+        document = self._files.get(str(params.get("file_id") or ""))
+        if document is None:
+            raise bad_request("invalid file_id")
+        return {
+            "file_id": document.file_id,
+            "file_unique_id": document.file_unique_id,
+            "file_size": len(document.data),
+            "file_path": f"documents/{document.file_id}_{document.file_name}",
+        }
+
+    @staticmethod
+    def _commands_key(params: JSONDict) -> str:
+        scope = params.get("scope") or {"type": "default"}
+        return json.dumps([scope, params.get("language_code") or ""], sort_keys=True)
+
+    async def _set_my_commands(self, params: JSONDict) -> bool:
+        commands = params.get("commands")
+        if not isinstance(commands, list):
+            raise bad_request("can't parse commands JSON object")
+        if len(commands) > 100:
+            raise bad_request("BOT_COMMANDS_TOO_MUCH")
+        for command in commands:
+            name = command.get("command") if isinstance(command, dict) else None
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]{1,32}", name):
+                raise bad_request("BOT_COMMAND_INVALID")
+            description = command.get("description")
+            if not isinstance(description, str) or not 1 <= len(description.strip()) <= 256:
+                raise bad_request("BOT_COMMAND_DESCRIPTION_INVALID")
+        self._commands[self._commands_key(params)] = [dict(c) for c in commands]
+        return True
+
+    async def _get_my_commands(self, params: JSONDict) -> list[JSONDict]:
+        return self._commands.get(self._commands_key(params), [])
+
+    async def _delete_my_commands(self, params: JSONDict) -> bool:
+        self._commands.pop(self._commands_key(params), None)
+        return True
+
+    async def _set_message_reaction(self, params: JSONDict) -> bool:
+        chat_id = self._chat_id(params)
+        message = self._find(chat_id, _require_int(params, "message_id"))
+        if message is None:
+            raise bad_request("message to react not found")
+        reaction = params.get("reaction") or []
+        if not isinstance(reaction, list) or len(reaction) > 1:
+            raise bad_request("REACTIONS_TOO_MANY")
+        for item in reaction:
+            if not isinstance(item, dict) or item.get("type") not in ("emoji", "custom_emoji"):
+                raise bad_request("REACTION_INVALID")
+            if item["type"] == "emoji" and item.get("emoji") not in REACTION_EMOJI:
+                raise bad_request("REACTION_INVALID")
+        message.reactions = list(reaction)
+        self.reactions.append((chat_id, message.message_id, list(reaction)))
+        return True

@@ -1,0 +1,308 @@
+"""The fake Slack driven by the real slack-sdk / slack-bolt (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond, AsyncSay
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from .slack_server import BOT_USER_ID, FakeSlackServer
+
+SECRET = "s"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlackServer]:
+    async with FakeSlackServer() as server:
+        yield server
+
+
+def web_client(fake: FakeSlackServer, token: str = "xoxb-test") -> AsyncWebClient:
+    return AsyncWebClient(token=token, base_url=fake.api_url)
+
+
+def build_app(fake: FakeSlackServer, pressed: list[dict[str, Any]]) -> AsyncApp:
+    app = AsyncApp(client=web_client(fake), signing_secret=SECRET)
+
+    @app.event("app_mention")
+    async def on_mention(event: dict[str, Any], say: AsyncSay) -> None:
+        await say(text=f"echo: {event['text']}", thread_ts=event.get("thread_ts") or event["ts"])
+
+    @app.action("x")
+    async def on_x(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+        await ack()
+        pressed.append(body)
+        await respond(text="pressed", replace_original=True)
+
+    return app
+
+
+async def post_buttons(fake: FakeSlackServer, channel: str) -> str:
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": "Run `rm -rf build`?"}},
+        {
+            "type": "actions",
+            "block_id": "approve",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": "x",
+                    "value": "yes",
+                    "text": {"type": "plain_text", "text": "Yes"},
+                }
+            ],
+        },
+    ]
+    resp = await web_client(fake).chat_postMessage(channel=channel, text="Approve?", blocks=blocks)
+    return str(resp["ts"])
+
+
+# ---------------------------------------------------------------------- Web API
+
+
+async def test_web_api_basics(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    auth = await client.auth_test()
+    assert auth["user_id"] == "UBOT" and auth["bot_id"] == "BBOT" and auth["team_id"] == "T1"
+
+    with pytest.raises(SlackApiError) as bad:
+        await web_client(fake, "xoxb-wrong").auth_test()
+    assert bad.value.response["error"] == "invalid_auth"
+
+    parent = await client.chat_postMessage(channel="C1", text="root")
+    assert parent["message"]["bot_id"] == "BBOT" and parent["message"]["user"] == "UBOT"
+    reply1 = await client.chat_postMessage(channel="C1", text="one", thread_ts=parent["ts"])
+    user_event = fake.message_event("C1", "U1", "two", thread_ts=parent["ts"])
+    # A reply to a reply lands in the root's thread.
+    await client.chat_postMessage(channel="C1", text="three", thread_ts=reply1["ts"])
+    assert parent["ts"] < reply1["ts"] < user_event["ts"]
+
+    replies = await client.conversations_replies(channel="C1", ts=parent["ts"])
+    assert [m["text"] for m in replies["messages"]] == ["root", "one", "two", "three"]
+    assert replies["messages"][0]["reply_count"] == 3 and replies["has_more"] is False
+    assert fake.bot_texts("C1", parent["ts"]) == ["root", "one", "three"]
+
+    with pytest.raises(SlackApiError) as missing:
+        await client.conversations_replies(channel="C1", ts="1.000000")
+    assert missing.value.response["error"] == "thread_not_found"
+
+    updated = await client.chat_update(channel="C1", ts=reply1["ts"], text="one!")
+    assert updated["text"] == "one!"
+    assert fake.channel("C1", parent["ts"])[1].edits == ["one!"]
+    with pytest.raises(SlackApiError) as unknown:
+        await client.chat_update(channel="C1", ts="1.000000", text="x")
+    assert unknown.value.response["error"] == "message_not_found"
+
+    info = await client.users_info(user="U1")
+    assert info["user"]["id"] == "U1" and info["user"]["tz"] == "UTC"
+    await client.reactions_add(channel="C1", timestamp=parent["ts"], name="eyes")
+    assert fake.reactions == [("C1", parent["ts"], "eyes")]
+
+    eph = await client.chat_postEphemeral(channel="C1", user="U1", text="psst")
+    assert fake.ephemerals_for("U1")[0]["message_ts"] == eph["message_ts"]
+
+    with pytest.raises(SlackApiError) as too_long:
+        await client.chat_postMessage(channel="C2", text="a" * 40_001)
+    assert too_long.value.response["error"] == "msg_too_long"
+    # slack-sdk itself warns (an error under filterwarnings=error) when `text` is missing.
+    with pytest.warns(UserWarning, match="text"), pytest.raises(SlackApiError) as no_text:
+        await client.chat_postMessage(channel="C2", text="")
+    assert no_text.value.response["error"] == "no_text"
+    assert [c.status for c in fake.calls_to("auth.test")] == [200, 200]
+    assert fake.calls_to("auth.test")[1].error == "invalid_auth"
+
+
+async def test_block_limits(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": "a" * 3001}}
+    with pytest.raises(SlackApiError) as err:
+        await client.chat_postMessage(channel="C1", text="t", blocks=[section])
+    assert err.value.response["error"] == "invalid_blocks"
+    assert err.value.response["errors"] == [
+        "failed to match all allowed schemas [json-pointer:/blocks/0/text]",
+        "must be less than 3001 characters [json-pointer:/blocks/0/text/text]",
+    ]
+    ok = {"type": "section", "text": {"type": "mrkdwn", "text": "a" * 3000}}
+    await client.chat_postMessage(channel="C1", text="t", blocks=[ok])
+
+    with pytest.raises(SlackApiError) as many:
+        await client.chat_postMessage(channel="C1", text="t", blocks=[ok] * 51)
+    assert many.value.response["error"] == "invalid_blocks"
+
+    def button(action_id: str, value: str) -> dict[str, Any]:
+        element = {
+            "type": "button",
+            "action_id": action_id,
+            "value": value,
+            "text": {"type": "plain_text", "text": "b"},
+        }
+        return {"type": "actions", "elements": [element]}
+
+    for bad in (button("x", "v" * 2001), button("x" * 256, "v")):
+        with pytest.raises(SlackApiError) as btn:
+            await client.chat_postMessage(channel="C1", text="t", blocks=[bad])
+        assert btn.value.response["error"] == "invalid_blocks"
+
+    await client.chat_postMessage(channel="C1", text="t", blocks=[button("x" * 255, "v" * 2000)])
+    md = {"type": "markdown", "text": "**hi**"}
+    await client.chat_postMessage(channel="C1", text="fallback", blocks=[ok, md])
+    assert fake.bot_texts("C1")[-1] == "a" * 3000 + "\n**hi**"
+
+
+async def test_rate_limits(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    ts = (await client.chat_postMessage(channel="C1", text="0"))["ts"]
+    for i in range(3):
+        await client.chat_update(channel="C1", ts=ts, text=str(i))
+    with pytest.raises(SlackApiError) as err:
+        await client.chat_update(channel="C1", ts=ts, text="too fast")
+    assert err.value.response.status_code == 429
+    assert err.value.response.headers["Retry-After"] == "1"
+    assert err.value.response["error"] == "ratelimited"
+    assert fake.rate_limited == [("C1", "chat.update")]
+    assert fake.max_update_rate("C1") == 4
+    assert fake.channel("C1")[0].text == "2"
+
+    # Another channel has its own budget; posting also has one.
+    for _ in range(2):  # 1 post already spent on C1
+        await client.chat_postMessage(channel="C1", text="p")
+    with pytest.raises(SlackApiError) as post_err:
+        await client.chat_postMessage(channel="C1", text="p")
+    assert post_err.value.response.status_code == 429
+    await client.chat_postMessage(channel="C2", text="other channel is fine")
+
+    fake.rate_limit = False
+    await client.chat_postMessage(channel="C1", text="limits off")
+
+
+# ---------------------------------------------------------------------- Socket Mode
+
+
+async def test_socket_mode_mention_action_and_reconnect(fake: FakeSlackServer) -> None:
+    pressed: list[dict[str, Any]] = []
+    app = build_app(fake, pressed)
+    handler = AsyncSocketModeHandler(app, app_token="xapp-test")
+    try:
+        await handler.connect_async()  # type: ignore[no-untyped-call]
+        await fake.wait_connections(1)
+
+        event = fake.message_event("C1", "U1", "hello", channel_type="channel", mention=True)
+        body = fake.event_body(event)
+        envelope_id = await fake.push("events_api", body)
+        latency = await fake.wait_ack(envelope_id)
+        assert 0 <= latency < 3
+        texts = await fake.wait_for(lambda: fake.bot_texts("C1", event["ts"]))
+        assert texts == [f"echo: <@{BOT_USER_ID}> hello"]
+
+        # Redelivery of the same event id (as Slack does after a missed ack).
+        retry_id = await fake.push("events_api", body, retry_attempt=1)
+        await fake.wait_ack(retry_id)
+        assert fake.pushed[retry_id]["retry_attempt"] == 1
+        assert fake.pushed[retry_id]["payload"]["event_id"] == body["event_id"]
+
+        # A button press arrives as an interactive envelope.
+        ts = await post_buttons(fake, "C1")
+        action_env = await fake.push("interactive", fake.block_actions("C1", "U2", ts, "x", "yes"))
+        await fake.wait_ack(action_env)
+        await fake.wait_for(lambda: fake.responses)
+        assert pressed[0]["actions"][0]["value"] == "yes"
+        assert pressed[0]["actions"][0]["block_id"] == "approve"
+        assert fake.channel("C1")[-1].text == "pressed"
+
+        # Slack asks the client to reconnect; it opens a new connection and keeps working.
+        await fake.send_disconnect()
+        await fake.wait_connections(2)
+        assert len(fake.calls_to("apps.connections.open")) == 2
+        again = await fake.push_event(
+            fake.message_event("C2", "U1", "again", channel_type="channel", mention=True)
+        )
+        await fake.wait_ack(again)
+        await fake.wait_for(lambda: fake.bot_texts("C2"))
+
+        # An abrupt server-side close: the client reconnects on its own.
+        await fake.drop_connections()
+        await fake.wait_connections(3)
+        third = await fake.push_event(
+            fake.message_event("C3", "U1", "still there?", channel_type="channel", mention=True)
+        )
+        await fake.wait_ack(third)
+
+        # Bolt never acks an event no listener handles (its 404 sends nothing back).
+        unhandled = await fake.push_event(fake.message_event("D1", "U1", "no listener"))
+        with pytest.raises(AssertionError, match="condition not met"):
+            await fake.wait_ack(unhandled, timeout=0.3)
+        assert not fake.duplicate_acks and not fake.unexpected_socket_messages
+    finally:
+        await handler.close_async()  # type: ignore[no-untyped-call]
+    await fake.wait_for(lambda: fake.open_connections == 0)
+
+
+async def test_apps_connections_open_requires_app_token(fake: FakeSlackServer) -> None:
+    with pytest.raises(SlackApiError) as err:
+        await web_client(fake).apps_connections_open(app_token="xoxb-test")
+    assert err.value.response["error"] == "not_allowed_token_type"
+    resp = await web_client(fake).apps_connections_open(app_token="xapp-test")
+    assert str(resp["url"]).startswith(
+        f"ws://127.0.0.1:{fake.url.rsplit(':', 1)[1]}/socket?ticket="
+    )
+
+
+# ---------------------------------------------------------------------- HTTP mode
+
+
+@pytest.fixture
+async def http_bot(fake: FakeSlackServer) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    pressed: list[dict[str, Any]] = []
+    app = build_app(fake, pressed)
+    runner = web.AppRunner(app.web_app(path="/slack/events"), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/slack/events", pressed
+    finally:
+        await runner.cleanup()
+
+
+async def test_http_mode(fake: FakeSlackServer, http_bot: tuple[str, list[dict[str, Any]]]) -> None:
+    url, pressed = http_bot
+    event = fake.message_event("C1", "U1", "hi", channel_type="channel", mention=True)
+    body = fake.event_body(event)
+    delivery = await fake.post_event(url, body, signing_secret=SECRET)
+    assert delivery.status == 200 and delivery.latency < 3
+    await fake.wait_for(lambda: fake.bot_texts("C1", event["ts"]))
+
+    bad = await fake.post_event(url, body, signing_secret=SECRET, bad_signature=True)
+    assert bad.status == 401
+    stale = await fake.post_event(
+        url, body, signing_secret=SECRET, timestamp=int(time.time()) - 400
+    )
+    assert stale.status == 401
+    retried = await fake.post_event(url, body, signing_secret=SECRET, retry_num=1)
+    assert retried.status == 200
+
+    ts = await post_buttons(fake, "C1")
+    pressed_resp = await fake.post_action(
+        url, fake.block_actions("C1", "U2", ts, "x", "yes"), signing_secret=SECRET
+    )
+    assert pressed_resp.status == 200
+    await fake.wait_for(lambda: pressed and fake.responses)
+    assert pressed[0]["user"]["id"] == "U2"
+    message = fake.message("C1", ts)
+    assert message is not None and message.text == "pressed"
+    # Give bolt's background listener tasks a moment to finish before the app is torn down.
+    await asyncio.sleep(0.05)
+
+
+async def test_wait_for_times_out_with_dump(fake: FakeSlackServer) -> None:
+    with pytest.raises(AssertionError, match="last calls"):
+        await fake.wait_for(lambda: False, timeout=0.1)

@@ -1,0 +1,484 @@
+"""The fake Telegram server, exercised through the real python-telegram-bot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReactionTypeEmoji, Update
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, Conflict, EndPointNotFound, InvalidToken, RetryAfter
+from telegram.ext import (
+    Application,
+    ApplicationBuilder,
+    CallbackQueryHandler,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
+
+from tests.fakes.telegram_server import FakeTelegram, html_to_text
+
+CHAT = 42
+USER = 42
+GROUP = -100555
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+def make_bot(fake: FakeTelegram, token: str | None = None) -> Bot:
+    return Bot(
+        token or fake.token,
+        base_url=f"{fake.url}/bot",
+        base_file_url=f"{fake.url}/file/bot",
+    )
+
+
+Seen = list[Update]
+
+
+def build_app(fake: FakeTelegram, seen: Seen) -> Application[Any, Any, Any, Any, Any, Any]:
+    async def echo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        seen.append(update)
+        assert update.message is not None
+        await update.message.reply_text(f"echo: {update.message.text}")
+
+    async def start(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        seen.append(update)
+        assert update.message is not None
+        await update.message.reply_text("started")
+
+    async def pressed(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        seen.append(update)
+        assert update.callback_query is not None
+        await update.callback_query.answer(f"got {update.callback_query.data}")
+
+    app = (
+        ApplicationBuilder()
+        .token(fake.token)
+        .base_url(f"{fake.url}/bot")
+        .base_file_url(f"{fake.url}/file/bot")
+        .build()
+    )
+    app.add_handler(CommandHandler("start", start))
+    app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, echo))
+    app.add_handler(CallbackQueryHandler(pressed))
+    return app
+
+
+@asynccontextmanager
+async def running(fake: FakeTelegram, seen: Seen) -> AsyncIterator[None]:
+    app = build_app(fake, seen)
+    async with app:
+        assert app.updater is not None
+        await app.updater.start_polling(timeout=1, poll_interval=0)
+        await app.start()
+        try:
+            yield
+        finally:
+            await app.updater.stop()
+            await app.stop()
+
+
+def has(fake: FakeTelegram, chat_id: int, text: str) -> Callable[[], bool]:
+    return lambda: text in fake.bot_texts(chat_id)
+
+
+# --------------------------------------------------------------------------- with an Application
+
+
+async def test_echo_roundtrip(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    async with running(tg, seen):
+        tg.push_message(CHAT, USER, "hello there")
+        await tg.wait_for(has(tg, CHAT, "echo: hello there"))
+    assert tg.bot_texts(CHAT) == ["echo: hello there"]
+    assert [m.from_bot for m in tg.chat(CHAT)] == [False, True]
+    assert [m.message_id for m in tg.chat(CHAT)] == [1, 2]
+    assert tg.calls_to("getMe") and tg.calls_to("getMe")[0].ok
+    assert tg.calls_to("deleteWebhook")
+    send = tg.calls_to("sendMessage")[0]
+    assert send.params["chat_id"] == CHAT  # decoded from the form string
+    assert seen[0].effective_user is not None and seen[0].effective_user.first_name == "Ann"
+    assert tg.pending_updates == []  # Updater.stop() confirmed it
+
+
+async def test_confirmed_update_is_not_served_again(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    async with running(tg, seen):
+        first = tg.push_message(CHAT, USER, "one")
+        await tg.wait_for(has(tg, CHAT, "echo: one"))
+    assert first not in tg.pending_updates
+    again: Seen = []
+    async with running(tg, again):
+        tg.push_message(CHAT, USER, "two")
+        await tg.wait_for(has(tg, CHAT, "echo: two"))
+    assert tg.bot_texts(CHAT) == ["echo: one", "echo: two"]
+    assert [u.message.text for u in again if u.message] == ["two"]
+
+
+async def test_unconfirmed_update_is_redelivered_after_crash(tg: FakeTelegram) -> None:
+    update_id = tg.push_message(CHAT, USER, "survive me")
+    async with make_bot(tg) as crashed:
+        fetched = await crashed.get_updates(timeout=0)  # fetched, never confirmed
+    assert [u.update_id for u in fetched] == [update_id]
+    tg.redeliver_unconfirmed()
+    seen: Seen = []
+    async with running(tg, seen):
+        await tg.wait_for(has(tg, CHAT, "echo: survive me"))
+    assert [u.update_id for u in seen] == [update_id]
+    assert tg.pending_updates == []
+
+
+async def test_long_poll_waits_for_an_update(tg: FakeTelegram) -> None:
+    async with make_bot(tg) as bot:
+        started = time.monotonic()
+        assert await bot.get_updates(timeout=0) == ()
+        assert time.monotonic() - started < 0.5
+
+        poll = asyncio.create_task(bot.get_updates(timeout=5))
+        await tg.wait_for(lambda: len(tg.calls_to("getUpdates")) == 2)
+        await asyncio.sleep(0.05)
+        assert not poll.done()
+        update_id = tg.push_message(CHAT, USER, "wake up")
+        updates = await asyncio.wait_for(poll, 1)
+        assert [u.update_id for u in updates] == [update_id]
+
+        started = time.monotonic()
+        again = await bot.get_updates(offset=update_id + 1, timeout=1)
+        assert again == ()
+        assert time.monotonic() - started >= 0.9
+        assert tg.pending_updates == []
+
+
+async def test_overlapping_get_updates_conflict(tg: FakeTelegram) -> None:
+    async with make_bot(tg) as first, make_bot(tg) as second:
+        older = asyncio.create_task(first.get_updates(timeout=5))
+        await tg.wait_for(lambda: len(tg.calls_to("getUpdates")) == 1)
+        newer = asyncio.create_task(second.get_updates(timeout=0))
+        with pytest.raises(Conflict, match="terminated by other getUpdates request"):
+            await older
+        assert await newer == ()
+    assert [c.status for c in tg.calls_to("getUpdates")] == [409, 200]
+
+
+async def test_callback_query_answered_once(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    tg.add_chat(CHAT)
+    markup = InlineKeyboardMarkup([[InlineKeyboardButton("Approve", callback_data="ap:x1:a")]])
+    async with running(tg, seen), make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, "Run it?", reply_markup=markup)
+        query_id = tg.push_callback(CHAT, USER, sent.message_id, "ap:x1:a")
+        await tg.wait_for(lambda: query_id in tg.callback_answers)
+        assert tg.callback_answers[query_id]["text"] == "got ap:x1:a"
+        assert tg.callback_answers[query_id]["show_alert"] is False
+        query = seen[0].callback_query
+        assert query is not None and query.message is not None
+        assert query.message.message_id == sent.message_id
+        with pytest.raises(BadRequest, match="Query is too old"):
+            await bot.answer_callback_query(query_id)
+    with pytest.raises(ValueError, match="no button"):
+        tg.push_callback(CHAT, USER, sent.message_id, "forged")
+
+
+async def test_mention_and_command_entities_in_group(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    async with running(tg, seen):
+        tg.push_message(GROUP, USER, "@tandem_bot hi", chat_type="group", username="ann")
+        tg.push_message(GROUP, USER, "/start@tandem_bot", chat_type="group")
+        await tg.wait_for(lambda: tg.bot_texts(GROUP) == ["echo: @tandem_bot hi", "started"])
+    mention = seen[0].message
+    assert mention is not None and mention.chat.type == "group" and mention.chat.title
+    assert mention.parse_entities(["mention"]) == {mention.entities[0]: "@tandem_bot"}
+    command = seen[1].message
+    assert command is not None
+    assert [(e.type, e.offset, e.length) for e in command.entities] == [("bot_command", 0, 17)]
+
+
+async def test_forum_thread_is_kept(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    async with running(tg, seen):
+        tg.push_message(GROUP, USER, "in a topic", chat_type="supergroup", thread_id=7)
+        await tg.wait_for(has(tg, GROUP, "echo: in a topic"))
+    incoming = seen[0].message
+    assert incoming is not None and incoming.is_topic_message and incoming.message_thread_id == 7
+    assert incoming.chat.is_forum
+    assert tg.bot_texts(GROUP, thread_id=7) == ["echo: in a topic"]
+    assert tg.bot_texts(GROUP, thread_id=8) == []
+    assert tg.calls_to("sendMessage")[0].params["message_thread_id"] == 7
+
+
+async def test_reply_to_a_stored_message(tg: FakeTelegram) -> None:
+    seen: Seen = []
+    tg.add_chat(CHAT)
+    async with running(tg, seen), make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, "<b>Question?</b>", parse_mode=ParseMode.HTML)
+        tg.push_message(CHAT, USER, "answer", reply_to_message_id=sent.message_id)
+        await tg.wait_for(has(tg, CHAT, "echo: answer"))
+    incoming = seen[0].message
+    assert incoming is not None and incoming.reply_to_message is not None
+    assert incoming.reply_to_message.text == "Question?"
+    assert incoming.reply_to_message.from_user is not None
+    assert incoming.reply_to_message.from_user.is_bot
+
+
+# --------------------------------------------------------------------------- limits, direct Bot
+
+
+async def test_message_length_limits(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        await bot.send_message(CHAT, "x" * 4096)
+        await bot.send_message(CHAT, "<b>" + "x" * 4096 + "</b>", parse_mode=ParseMode.HTML)
+        await bot.send_message(CHAT, "&lt;" * 4096, parse_mode=ParseMode.HTML)
+        with pytest.raises(BadRequest, match="Message is too long"):
+            await bot.send_message(CHAT, "x" * 4097)
+        with pytest.raises(BadRequest, match="Message is too long"):
+            await bot.send_message(CHAT, "<i>" + "x" * 4097 + "</i>", parse_mode=ParseMode.HTML)
+        with pytest.raises(BadRequest, match="Message text is empty"):
+            await bot.send_message(CHAT, "   ")
+        with pytest.raises(BadRequest, match="Message text is empty"):
+            await bot.send_message(CHAT, "<b></b>", parse_mode=ParseMode.HTML)
+        sent = await bot.send_message(CHAT, "short")
+        with pytest.raises(BadRequest, match="Message is too long"):
+            await bot.edit_message_text("y" * 4097, CHAT, sent.message_id)
+    assert tg.bot_texts(CHAT)[2] == "<" * 4096
+    assert tg.chat(CHAT)[1].raw_text.startswith("<b>")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<foo>x</foo>",
+        "1 < 2",
+        "fish & chips",
+        "<b>bold <i>both</b></i>",
+        "<b>never closed",
+        "closed</b>",
+        '<span class="x">s</span>',
+        "&bogus;",
+    ],
+)
+async def test_bad_html_is_rejected(tg: FakeTelegram, bad: str) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        with pytest.raises(BadRequest, match="Can't parse entities"):
+            await bot.send_message(CHAT, bad, parse_mode=ParseMode.HTML)
+    assert tg.bot_texts(CHAT) == []
+
+
+async def test_html_visible_text_and_entities(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    raw = (
+        '<b>a</b> &amp; <i>b</i> <a href="https://x.y/?q=1&amp;r=2">link</a> '
+        '<pre><code class="language-py">x = 1</code></pre> <tg-spoiler>s</tg-spoiler>'
+        " <blockquote expandable>q</blockquote> &#128512; &quot;"
+    )
+    async with make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, raw, parse_mode=ParseMode.HTML)
+    message = tg.chat(CHAT)[0]
+    assert message.text == 'a & b link x = 1 s q \U0001f600 "'
+    assert message.raw_text == raw
+    kinds = {e["type"]: e for e in message.entities}
+    assert set(kinds) == {
+        "bold",
+        "italic",
+        "text_link",
+        "pre",
+        "spoiler",
+        "expandable_blockquote",
+    }
+    assert kinds["text_link"]["url"] == "https://x.y/?q=1&r=2"
+    assert kinds["pre"]["language"] == "py"
+    assert sent.text == message.text
+    assert sent.parse_entities(["text_link"]) == {sent.entities[2]: "link"}
+    assert html_to_text("<b>x</b> &lt;y&gt;") == "x <y>"
+
+
+async def test_markdown_v2_reserved_characters(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        with pytest.raises(BadRequest, match="reserved and must be escaped"):
+            await bot.send_message(CHAT, "Done.", parse_mode=ParseMode.MARKDOWN_V2)
+        with pytest.raises(BadRequest, match="can't find end of bold entity at byte offset 0"):
+            await bot.send_message(CHAT, "*open", parse_mode=ParseMode.MARKDOWN_V2)
+        await bot.send_message(
+            CHAT, "*Done* \\. see [docs](https://x.y/a\\)b)", parse_mode=ParseMode.MARKDOWN_V2
+        )
+    message = tg.chat(CHAT)[0]
+    assert message.text == "Done . see docs"
+    assert [e["type"] for e in message.entities] == ["bold", "text_link"]
+    assert message.entities[1]["url"] == "https://x.y/a)b"
+
+
+async def test_edit_not_modified_and_missing(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    markup = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data="cx")]])
+    async with make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, "working", reply_markup=markup)
+        with pytest.raises(BadRequest, match="not modified"):
+            await bot.edit_message_text("working", CHAT, sent.message_id, reply_markup=markup)
+        # Leaving reply_markup out removes the keyboard, so this is a modification.
+        edited = await bot.edit_message_text("working", CHAT, sent.message_id)
+        assert isinstance(edited, object) and tg.chat(CHAT)[0].reply_markup is None
+        with pytest.raises(BadRequest, match="not modified"):
+            await bot.edit_message_reply_markup(CHAT, sent.message_id)
+        with pytest.raises(BadRequest, match="Message to edit not found"):
+            await bot.edit_message_text("x", CHAT, 999)
+        with pytest.raises(BadRequest, match="Message to edit not found"):
+            await bot.edit_message_reply_markup(CHAT, 999, reply_markup=markup)
+        tg.push_message(CHAT, USER, "mine")
+        with pytest.raises(BadRequest, match="Message can't be edited"):
+            await bot.edit_message_text("x", CHAT, 2)
+        with pytest.raises(BadRequest, match="Chat not found"):
+            await bot.send_message(12345, "nobody here")
+        assert await bot.delete_message(CHAT, sent.message_id)
+        with pytest.raises(BadRequest, match="Message to delete not found"):
+            await bot.delete_message(CHAT, sent.message_id)
+    message = tg.message(CHAT, sent.message_id)
+    assert message.deleted and message.edits == 1
+    assert tg.bot_texts(CHAT) == []
+
+
+async def test_callback_data_limits(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        ok = InlineKeyboardMarkup([[InlineKeyboardButton("ok", callback_data="x" * 64)]])
+        await bot.send_message(CHAT, "fits", reply_markup=ok)
+        too_long = InlineKeyboardMarkup([[InlineKeyboardButton("no", callback_data="x" * 65)]])
+        with pytest.raises(BadRequest, match="(?i)button_data_invalid"):
+            await bot.send_message(CHAT, "too long", reply_markup=too_long)
+        # 22 three-byte characters: 22 characters but 66 bytes.
+        wide = InlineKeyboardMarkup([[InlineKeyboardButton("no", callback_data="€" * 22)]])
+        with pytest.raises(BadRequest, match="(?i)button_data_invalid"):
+            await bot.send_message(CHAT, "too wide", reply_markup=wide)
+        blank = InlineKeyboardMarkup([[InlineKeyboardButton(" ", callback_data="a")]])
+        with pytest.raises(BadRequest):
+            await bot.send_message(CHAT, "blank", reply_markup=blank)
+    assert tg.bot_texts(CHAT) == ["fits"]
+
+
+async def test_fast_edits_hit_flood_control() -> None:
+    async with FakeTelegram(edit_interval=1.0, burst=2, retry_after=1) as tg:
+        tg.add_chat(CHAT)
+        async with make_bot(tg) as bot:
+            sent = await bot.send_message(CHAT, "0")
+            for i in range(1, 4):  # one first edit + two quick ones are tolerated
+                await bot.edit_message_text(str(i), CHAT, sent.message_id)
+            with pytest.raises(RetryAfter) as caught:
+                await bot.edit_message_text("4", CHAT, sent.message_id)
+            assert caught.value.retry_after == 1
+            assert "Retry in 1" in str(caught.value)
+            with pytest.raises(RetryAfter):  # the hold covers sends to the chat as well
+                await bot.send_message(CHAT, "meanwhile")
+            await asyncio.sleep(1.05)
+            await bot.edit_message_text("5", CHAT, sent.message_id)
+        assert tg.rate_limited == [(CHAT, "editMessageText"), (CHAT, "sendMessage")]
+        assert tg.max_edit_rate(CHAT) == 4
+        assert tg.max_edit_rate(7) == 0
+        assert tg.chat(CHAT)[0].history == ["0", "1", "2", "3", "5"]
+        error = tg.calls_to("editMessageText")[3]
+        assert (error.status, error.description) == (429, "Too Many Requests: retry after 1")
+
+
+async def test_flood_can_be_switched_off() -> None:
+    async with FakeTelegram(flood=False) as tg:
+        tg.add_chat(CHAT)
+        async with make_bot(tg) as bot:
+            sent = await bot.send_message(CHAT, "0")
+            for i in range(1, 8):
+                await bot.edit_message_text(str(i), CHAT, sent.message_id)
+        assert tg.rate_limited == []
+        assert tg.max_edit_rate(CHAT) == 7
+
+
+async def test_document_action_commands_reaction(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        sent = await bot.send_document(
+            CHAT,
+            document=b"col\n1\n",
+            filename="report.csv",
+            caption="<b>Report</b>",
+            parse_mode=ParseMode.HTML,
+        )
+        assert sent.document is not None and sent.document.file_name == "report.csv"
+        assert sent.caption == "Report"
+        with pytest.raises(BadRequest, match="Message caption is too long"):
+            await bot.send_document(CHAT, document=b"x", filename="a.txt", caption="c" * 1025)
+        again = await bot.send_document(CHAT, document=sent.document.file_id)
+        assert again.document is not None and again.document.file_id == sent.document.file_id
+        file = await bot.get_file(sent.document.file_id)
+        assert bytes(await file.download_as_bytearray()) == b"col\n1\n"
+
+        assert await bot.send_chat_action(CHAT, "typing")
+        with pytest.raises(BadRequest):
+            await bot.send_chat_action(CHAT, "dancing")
+
+        assert await bot.set_my_commands([("start", "Start"), ("help", "Help")])
+        assert [c.command for c in await bot.get_my_commands()] == ["start", "help"]
+        with pytest.raises(BadRequest, match="(?i)bot_command_invalid"):
+            await bot.set_my_commands([("Bad-Name", "x")])
+
+        assert await bot.set_message_reaction(CHAT, sent.message_id, ReactionTypeEmoji("👀"))
+        with pytest.raises(BadRequest, match="(?i)reaction_invalid"):
+            await bot.set_message_reaction(CHAT, sent.message_id, ReactionTypeEmoji("✅"))
+    upload = tg.calls_to("sendDocument")[0].params["document"]
+    assert upload.filename == "report.csv" and upload.data == b"col\n1\n"
+    message = tg.chat(CHAT)[0]
+    assert message.document is not None and message.document.data == b"col\n1\n"
+    assert message.text == "Report" and message.raw_text == "<b>Report</b>"
+    assert [(chat, action) for chat, action, _ in tg.chat_actions] == [(CHAT, "typing")]
+    assert tg.commands == [
+        {"command": "start", "description": "Start"},
+        {"command": "help", "description": "Help"},
+    ]
+    assert tg.reactions == [(CHAT, sent.message_id, [{"type": "emoji", "emoji": "👀"}])]
+
+
+async def test_token_method_and_wire_formats(tg: FakeTelegram) -> None:
+    with pytest.raises(InvalidToken, match="rejected by the server"):
+        async with make_bot(tg, token="123:WRONG"):
+            pass  # initialize() calls getMe
+    assert (tg.calls[0].status, tg.calls[0].description) == (401, "Unauthorized")
+    async with make_bot(tg) as bot:
+        with pytest.raises(EndPointNotFound):
+            await bot.do_api_request("noSuchMethod")
+    tg.add_chat(CHAT)
+    async with aiohttp.ClientSession() as http:
+        url = f"{tg.url}/bot{tg.token}/sendMessage"
+        body = {"chat_id": CHAT, "text": "<b>json</b>", "parse_mode": "HTML"}
+        async with http.post(url, json=body) as response:
+            reply = await response.json()
+        assert response.status == 200 and reply["result"]["text"] == "json"
+        async with http.post(f"{tg.url}/bot{tg.token}/nope") as response:
+            reply = await response.json()
+        assert (response.status, reply) == (
+            404,
+            {"ok": False, "error_code": 404, "description": "Not Found: method not found"},
+        )
+        markup = json.dumps({"inline_keyboard": [[{"text": "a", "callback_data": "b"}]]})
+        form = {"chat_id": str(CHAT), "text": "form", "reply_markup": markup}
+        async with http.post(url, data=form) as response:
+            reply = await response.json()
+        assert reply["result"]["reply_markup"]["inline_keyboard"][0][0]["callback_data"] == "b"
+    assert tg.calls_to("sendMessage")[1].params["reply_markup"] == json.loads(markup)
+    assert tg.bot_texts(CHAT) == ["json", "form"]
+
+
+async def test_wait_for_times_out_with_a_dump(tg: FakeTelegram) -> None:
+    tg.push_message(CHAT, USER, "nobody answers")
+    with pytest.raises(AssertionError, match="unconfirmed updates") as caught:
+        await tg.wait_for(lambda: False, timeout=0.1)
+    assert "nobody answers" in str(caught.value)
