@@ -60,6 +60,23 @@ def drop_leading_orphans(history: Sequence[Msg]) -> list[Msg]:
     return list(history[start:])
 
 
+def unique_calls(history: Sequence[Msg]) -> list[Msg]:
+    """A call id may appear once in a history: later repeats are dropped."""
+    seen: set[str] = set()
+    out = []
+    for m in history:
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                if c.id not in seen:
+                    seen.add(c.id)
+                    calls.append(c)
+            if len(calls) != len(m.tool_calls):
+                m = Msg(m.role, m.content, m.turn, tuple(calls), id=m.id)
+        out.append(m)
+    return out
+
+
 def drop_unmatched(history: Sequence[Msg]) -> list[Msg]:
     """Remove calls without results and results without calls, repeating until stable."""
     current = list(history)
@@ -88,8 +105,11 @@ def drop_unmatched(history: Sequence[Msg]) -> list[Msg]:
 
 
 def sanitize(history: Sequence[Msg]) -> list[Msg]:
-    """The four steps: adjacency, leading orphans, set difference, adjacency again."""
-    out = adjacency(history)
+    """The four steps: adjacency, leading orphans, set difference, adjacency again.
+
+    (Repeated call ids are dropped first: a history may hold each id once.)
+    """
+    out = adjacency(unique_calls(history))
     out = drop_leading_orphans(out)
     out = drop_unmatched(out)
     return adjacency(out)

@@ -131,12 +131,14 @@ class Runner:
             if scratch.text:
                 scratch.partial = Msg("assistant", scratch.text, state.turn)
             return
-        calls = tuple(ToolCall(conv.unique_call_id(c.id), c.name, c.arguments)
-                      for c in completion.tool_calls)
+        calls = []
+        for c in completion.tool_calls:
+            calls.append(ToolCall(conv.unique_call_id(c.id), c.name, c.arguments))
+            conv.call_ids.add(calls[-1].id)
         state.steps += 1
         msg = await self.d.store.append_assistant(
             conv.row.id, conv.row.session,
-            Msg("assistant", completion.text, state.turn, calls), state.steps)
+            Msg("assistant", completion.text, state.turn, tuple(calls)), state.steps)
         conv.append(msg)
         state.calls.extend(CallRecord(call=c) for c in calls)
         state.last_step_plain = not calls

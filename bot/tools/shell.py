@@ -40,11 +40,18 @@ def kill_group(pid: int) -> None:
 async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
     command = require_str(args, "command")
     ctx.workspace.mkdir(parents=True, exist_ok=True)
-    proc = await asyncio.create_subprocess_shell(
+    spawn = asyncio.ensure_future(asyncio.create_subprocess_shell(
         command, cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         start_new_session=True, preexec_fn=_die_with_parent,
-    )
+    ))
+    try:
+        proc = await asyncio.shield(spawn)
+    except asyncio.CancelledError:  # cancelled while starting: the process may exist
+        proc = await spawn
+        kill_group(proc.pid)
+        await proc.wait()
+        raise
     track = ctx.extras.get("track_process")
     if callable(track):
         await track(proc.pid)

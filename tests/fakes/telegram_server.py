@@ -41,6 +41,11 @@ long polls.  Behaviour worth knowing when writing tests:
   "topic created" service message unless they reply to something else.
 * Sending to a chat the fake has never seen gives 400 ``chat not found``:
   call :meth:`FakeTelegram.push_message` or :meth:`FakeTelegram.add_chat` first.
+* HTML errors use Telegram's wording and byte offsets.  One deliberate extra:
+  a bare ``&`` that does not start ``&lt;``, ``&gt;``, ``&amp;``, ``&quot;`` or a
+  numeric reference is rejected (Telegram keeps it as text), so unescaped
+  output is caught.  Lengths are counted in characters (code points).
+* :meth:`FakeTelegram.max_edit_rate` counts edit requests of any outcome.
 * Times (:attr:`Call.time`, chat actions) come from :func:`time.monotonic`.
 """
 
@@ -393,8 +398,7 @@ _HTML_TAGS = {
     "tg-spoiler": "spoiler",
     "span": "spoiler",
 }
-_TAG_NAME = re.compile(r"[A-Za-z0-9-]*")
-_ATTRIBUTE = re.compile(r"""([A-Za-z0-9_-]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
+_UNQUOTED_VALUE = re.compile(r"[A-Za-z0-9.-]*")
 _HTML_ENTITY = re.compile(r"&(?:(lt|gt|amp|quot)|#([0-9]{1,7})|#[xX]([0-9a-fA-F]{1,6}));")
 _HTML_TEXT = re.compile(r"[^<&]+")
 _NAMED_ENTITIES = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
@@ -437,40 +441,74 @@ class _HtmlParser(_Parser):
             code = int(decimal) if decimal else int(hexadecimal, 16)
             if not 0 < code <= 0x10FFFF or 0xD800 <= code <= 0xDFFF:
                 raise self.fail(
-                    f"Invalid character reference at byte offset {self.byte_at(self.i)}"
+                    "Text contains invalid Unicode characters after decoding HTML entities, "
+                    "check for unmatched surrogate code units"
                 )
             self.out.add(chr(code))
         self.i = match.end()
 
+    def name_token(self, pos: int, stops: str) -> int:
+        """End of a token that runs until whitespace or one of ``stops``."""
+        raw = self.raw
+        while pos < len(raw) and not raw[pos].isspace() and raw[pos] not in stops:
+            pos += 1
+        return pos
+
+    def skip_spaces(self, pos: int) -> int:
+        while pos < len(self.raw) and self.raw[pos].isspace():
+            pos += 1
+        return pos
+
     def start_tag(self) -> None:
         begin = self.i
-        name_match = _TAG_NAME.match(self.raw, begin + 1)
-        assert name_match is not None
-        name = name_match.group(0).lower()
+        end = self.name_token(begin + 1, ">")
+        if end >= len(self.raw):
+            raise self.fail(f"Unclosed start tag at byte offset {self.byte_at(begin)}")
+        name = self.raw[begin + 1 : end].lower()
         if name not in _HTML_TAGS:
             raise self.fail(f'Unsupported start tag "{name}" at byte offset {self.byte_at(begin)}')
-        attributes, self.i = self.attributes(name, name_match.end(), begin)
+        attributes: dict[str, str] = {}
+        pos = self.skip_spaces(end)
+        while pos < len(self.raw) and self.raw[pos] != ">":
+            pos = self.skip_spaces(self.attribute(name, begin, pos, attributes))
+        if pos >= len(self.raw):
+            raise self.fail(f"Unclosed start tag at byte offset {self.byte_at(begin)}")
+        self.i = pos + 1
         self.open(name, attributes, begin)
 
-    def attributes(self, name: str, pos: int, begin: int) -> tuple[dict[str, str], int]:
-        raw = self.raw
-        found: dict[str, str] = {}
-        while True:
-            while pos < len(raw) and raw[pos].isspace():
-                pos += 1
-            if pos >= len(raw):
-                raise self.fail(f'Unclosed start tag "{name}" at byte offset {self.byte_at(begin)}')
-            if raw[pos] == ">":
-                return found, pos + 1
-            match = _ATTRIBUTE.match(raw, pos)
-            if match is None:
-                raise self.fail(
-                    f'Expected equal sign in declaration of an attribute of the tag "{name}" '
-                    f"at byte offset {self.byte_at(begin)}"
-                )
-            value = next((g for g in match.groups()[1:] if g is not None), "")
-            found[match.group(1).lower()] = html.unescape(value)
-            pos = match.end()
+    def attribute(self, tag: str, begin: int, pos: int, found: dict[str, str]) -> int:
+        """Parse one ``name="value"`` into ``found``; returns the position after it."""
+        where = f'the tag "{tag}" at byte offset {self.byte_at(begin)}'
+        end = self.name_token(pos, "=>")
+        name = self.raw[pos:end].lower()
+        if not name:
+            raise self.fail(f"Empty attribute name in {where}")
+        unclosed = self.fail(f'Unclosed start tag "{tag}" at byte offset {self.byte_at(begin)}')
+        pos = self.skip_spaces(end)
+        if pos >= len(self.raw):
+            raise unclosed
+        if tag == "blockquote" and name == "expandable" and self.raw[pos] != "=":
+            found[name] = ""
+            return pos
+        if self.raw[pos] != "=":
+            raise self.fail(f"Expected equal sign in declaration of an attribute of {where}")
+        pos = self.skip_spaces(pos + 1)
+        if pos >= len(self.raw):
+            raise unclosed
+        quote = self.raw[pos]
+        if quote in "\"'":
+            close = self.raw.find(quote, pos + 1)
+            if close < 0:
+                raise self.fail(f"Unclosed start tag at byte offset {self.byte_at(begin)}")
+            found[name] = html.unescape(self.raw[pos + 1 : close])
+            return close + 1
+        match = _UNQUOTED_VALUE.match(self.raw, pos)
+        assert match is not None
+        after = self.raw[match.end() : match.end() + 1]
+        if not match.group(0) or not (after == ">" or after.isspace()):
+            raise self.fail(f"Unexpected end of name token at byte offset {self.byte_at(pos)}")
+        found[name] = match.group(0)
+        return match.end()
 
     def open(self, name: str, attributes: dict[str, str], begin: int) -> None:
         extra: JSONDict = {}
@@ -489,21 +527,18 @@ class _HtmlParser(_Parser):
 
     def end_tag(self) -> None:
         begin = self.i
-        name_match = _TAG_NAME.match(self.raw, begin + 2)
-        assert name_match is not None
-        name = name_match.group(0).lower()
-        pos = name_match.end()
-        while pos < len(self.raw) and self.raw[pos].isspace():
-            pos += 1
-        if pos >= len(self.raw) or self.raw[pos] != ">":
-            raise self.fail(f"Unclosed end tag at byte offset {self.byte_at(begin)}")
+        where = f"at byte offset {self.byte_at(begin)}"
         if not self.stack:
-            raise self.fail(f"Unexpected end tag at byte offset {self.byte_at(begin)}")
+            raise self.fail(f"Unexpected end tag {where}")
+        end = self.name_token(begin + 2, ">")
+        name = self.raw[begin + 2 : end].lower()
+        pos = self.skip_spaces(end)
+        if self.raw[pos : pos + 1] != ">":
+            raise self.fail(f"Unclosed end tag {where}")
         top = self.stack.pop()
         if name != top.tag:
             raise self.fail(
-                f'Unmatched end tag at byte offset {self.byte_at(begin)}, expected "</{top.tag}>", '
-                f'found "</{name}>"'
+                f'Unmatched end tag {where}, expected "</{top.tag}>", found "</{name}>"'
             )
         self.i = pos + 1
         self.close(top)
@@ -1668,7 +1703,8 @@ class FakeTelegram:
         for item in reaction:
             if not isinstance(item, dict) or item.get("type") not in ("emoji", "custom_emoji"):
                 raise bad_request("REACTION_INVALID")
-            if item["type"] == "emoji" and item.get("emoji") not in REACTION_EMOJI:
+            emoji = str(item.get("emoji", "")).replace("\ufe0f", "")
+            if item["type"] == "emoji" and emoji not in REACTION_EMOJI:
                 raise bad_request("REACTION_INVALID")
         message.reactions = list(reaction)
         self.reactions.append((chat_id, message.message_id, list(reaction)))

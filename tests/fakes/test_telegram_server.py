@@ -24,7 +24,7 @@ from telegram.ext import (
     filters,
 )
 
-from tests.fakes.telegram_server import FakeTelegram, html_to_text
+from tests.fakes.telegram_server import ApiError, FakeTelegram, html_to_text, parse_text
 
 CHAT = 42
 USER = 42
@@ -278,6 +278,26 @@ async def test_bad_html_is_rejected(tg: FakeTelegram, bad: str) -> None:
     assert tg.bot_texts(CHAT) == []
 
 
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ("🏟 🏟&lt;<abacaba", "Unclosed start tag at byte offset 13"),
+        ("🏟 🏟&lt;<abac>", 'Unsupported start tag "abac" at byte offset 13'),
+        ("a < b", 'Unsupported start tag "" at byte offset 2'),
+        ('<a ="x">y</a>', 'Empty attribute name in the tag "a" at byte offset 0'),
+        ("<a href=x/>y</a>", "Unexpected end of name token at byte offset 8"),
+        ("<b>x</i>", 'Unmatched end tag at byte offset 4, expected "</b>", found "</i>"'),
+        ("<b>x", 'Can\'t find end tag corresponding to start tag "b"'),
+        ("x</b>", "Unexpected end tag at byte offset 1"),
+    ],
+)
+def test_html_error_descriptions(raw: str, error: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_text(raw, "HTML", None)
+    assert caught.value.status == 400
+    assert caught.value.description == f"Bad Request: can't parse entities: {error}"
+
+
 async def test_html_visible_text_and_entities(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     raw = (
@@ -390,6 +410,24 @@ async def test_fast_edits_hit_flood_control() -> None:
         assert tg.chat(CHAT)[0].history == ["0", "1", "2", "3", "5"]
         error = tg.calls_to("editMessageText")[3]
         assert (error.status, error.description) == (429, "Too Many Requests: retry after 1")
+
+
+async def test_send_interval_and_placement_errors() -> None:
+    async with FakeTelegram(send_interval=1.0, burst=1) as tg:
+        tg.add_chat(CHAT)
+        tg.add_chat(GROUP, "group")
+        async with make_bot(tg) as bot:
+            await bot.send_message(CHAT, "a")
+            await bot.send_message(CHAT, "b")
+            with pytest.raises(RetryAfter):
+                await bot.send_message(CHAT, "c")
+            await bot.send_message(GROUP, "other chats are not held")
+            with pytest.raises(BadRequest, match="Message thread not found"):
+                await bot.send_message(GROUP, "x", message_thread_id=3)
+            with pytest.raises(BadRequest, match="Message to be replied not found"):
+                await bot.send_message(GROUP, "x", reply_to_message_id=99)
+        assert tg.rate_limited == [(CHAT, "sendMessage")]
+        assert tg.bot_texts(CHAT) == ["a", "b"]
 
 
 async def test_flood_can_be_switched_off() -> None:

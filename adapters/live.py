@@ -1,0 +1,179 @@
+"""Platform-neutral rendering helpers: splitting long answers and one live message.
+
+`split_text` cuts at paragraph, then line, then word boundaries and never inside a
+fenced code block (a block too long for one part is closed and reopened).
+`LiveMessage` streams a turn into one placeholder by edits, at most one per
+`min_interval`, holding edits while the platform says "retry after", and delivers the
+final text whatever happens (overflow continues in new messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+Ref = TypeVar("Ref")
+FENCE = "```"
+FINAL_DEADLINE_S = 600.0
+
+
+class RetryLater(Exception):  # noqa: N818 - a signal, not a failure
+    """The platform asked us to wait (HTTP 429 with retry_after / Retry-After)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"retry after {seconds} s")
+        self.seconds = seconds
+
+
+def _cut_point(text: str, limit: int) -> int:
+    window = text[:limit]
+    for sep in ("\n\n", "\n", " "):
+        at = window.rfind(sep)
+        if at > limit // 3:
+            return at + len(sep)
+    return limit
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Parts of at most `limit` characters; joined they give back the text's content."""
+    if limit < 16:
+        raise ValueError("limit too small")
+    parts: list[str] = []
+    rest = text
+    reopen = ""
+    while rest:
+        rest = reopen + rest
+        if len(rest) <= limit:
+            parts.append(rest)
+            break
+        budget = limit - len(FENCE) - 1  # room to close a code block
+        cut = _cut_point(rest, budget)
+        part = rest[:cut]
+        fences = part.count(FENCE)
+        reopen = ""
+        if fences % 2 == 1:  # the cut is inside a code block: close it here, reopen after
+            opener = part[part.rfind(FENCE):].split("\n", 1)[0]
+            part = part.rstrip("\n") + "\n" + FENCE
+            reopen = opener + "\n"
+        parts.append(part.rstrip() if not reopen else part)
+        rest = rest[cut:].lstrip("\n") if not reopen else rest[cut:]
+    return [p for p in parts if p.strip()] or [text[:limit]]
+
+
+@dataclass(slots=True)
+class _Shown(Generic[Ref]):
+    ref: Ref
+    text: str
+
+
+class LiveMessage(Generic[Ref]):
+    """One turn's placeholder, edited as the answer streams.
+
+    `post(text, live)` sends a new message and returns its reference; `edit(ref, text,
+    live)` changes one (`live` says whether the Cancel button stays). Both raise
+    `RetryLater` on flood control; other errors are the callbacks' to handle.
+    """
+
+    def __init__(self, post: Callable[[str, bool], Awaitable[Ref]],
+                 edit: Callable[[Ref, str, bool], Awaitable[None]], *, limit: int,
+                 min_interval: float = 1.0, hold: Callable[[], float] | None = None) -> None:
+        self._post, self._edit = post, edit
+        self.limit = limit
+        self.min_interval = min_interval
+        self._hold = hold or (lambda: 0.0)
+        self._shown: list[_Shown[Ref]] = []
+        self._wanted = ""
+        self._last_edit = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._final: str | None = None
+        self.edits = 0
+
+    async def open(self, text: str) -> None:
+        """Post the placeholder (with the Cancel button)."""
+        ref = await self._retrying(lambda: self._post(text, True), deadline=30.0)
+        if ref is not None:
+            self._shown.append(_Shown(ref, text))
+            self._last_edit = time.monotonic()
+
+    def update(self, text: str) -> None:
+        """Show `text` soon (coalesced: only the latest wins)."""
+        if self._final is not None or not self._shown:
+            return
+        self._wanted = text
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def finish(self, text: str) -> None:
+        """Deliver the final text (buttons removed), split across messages if needed."""
+        self._final = text
+        self._wake.set()
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        parts = split_text(text or " ", self.limit)
+        for i, part in enumerate(parts):
+            await self._place(i, part, live=False, deadline=FINAL_DEADLINE_S)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _flush_loop(self) -> None:
+        while self._final is None:
+            await self._wake.wait()
+            self._wake.clear()
+            wait = max(self._last_edit + self.min_interval, self._hold()) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._final is not None:
+                return
+            text = self._wanted
+            parts = split_text(text, self.limit) if text else []
+            try:
+                for i, part in enumerate(parts):
+                    await self._place(i, part, live=i == len(parts) - 1, deadline=0.0)
+            except RetryLater:
+                self._wake.set()  # try again after the hold
+
+    async def _place(self, index: int, text: str, *, live: bool, deadline: float) -> None:
+        if index < len(self._shown):
+            shown = self._shown[index]
+            if shown.text == text and live:
+                return
+            await self._retrying(lambda: self._edit(shown.ref, text, live), deadline)
+            shown.text = text
+        else:
+            ref = await self._retrying(lambda: self._post(text, live), deadline)
+            if ref is None:
+                return
+            self._shown.append(_Shown(ref, text))
+        self._last_edit = time.monotonic()
+        self.edits += 1
+
+    async def _retrying(self, call: Callable[[], Awaitable[Ref | None]],
+                        deadline: float) -> Ref | None:
+        """Call, honouring RetryLater until `deadline` seconds pass (0: raise at once)."""
+        give_up = time.monotonic() + deadline
+        while True:
+            try:
+                return await call()
+            except RetryLater as exc:
+                if time.monotonic() + exc.seconds > give_up:
+                    if deadline:
+                        log.error("gave up delivering a message after %.0f s", deadline)
+                        return None
+                    raise
+                await asyncio.sleep(exc.seconds)

@@ -1,0 +1,645 @@
+"""Slack, on slack-bolt (async): Socket Mode (default) or HTTP (Events API).
+
+Conversations are `ConvKey("slack", channel, thread_ts or None)`: a DM's top-level
+messages are one conversation, a thread (in a DM or a channel) is its own. A mention in a
+channel is answered in that message's thread, and later replies there continue without a
+new mention. When Tandem is first mentioned inside an existing thread, the thread is read
+once (`conversations.replies`) and its earlier messages travel as `UserMessage.context`.
+
+Which threads Tandem is part of is kept in memory when it joins one. After a restart, the
+first reply in an unknown thread costs one `conversations.replies`: the thread is active if
+Tandem has posted in it. Threads found inactive are remembered too, so a busy channel costs
+at most one look-up per thread per process. Nothing about threads goes in the store.
+
+Every event is acked by bolt before any work; button presses and slash commands call
+`ack()` first. Inbound is handed to `Hub.submit`, which returns at once; each message's
+ref `slack:<channel>:<ts>` makes the `app_mention`/`message` pair, Slack's retries and
+Socket Mode redeliveries collapse into one answer, across restarts too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from adapters import slack_render as render
+from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater
+from bot.app import Dispatch
+from bot.buttons import ApprovalButton, CancelButton, ItemButton, unpack
+from bot.config import Config
+from bot.errors import ConfigError, TandemError
+from bot.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Attachment,
+    Cancel,
+    Command,
+    ConvKey,
+    Decision,
+    Event,
+    Inbound,
+    Notice,
+    Progress,
+    Queued,
+    TurnEnded,
+    TurnStarted,
+    User,
+    UserMessage,
+)
+from bot.hub import Hub
+
+PLATFORM = "slack"
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Live = LiveMessage[str | None]
+NETWORK_ERRORS = (SlackApiError, aiohttp.ClientError, TimeoutError)
+MEMORY = 10_000
+"""Entries kept in each in-memory map (seen events, threads, cards, names)."""
+CONTEXT_MESSAGES = 50
+INVALID_BUTTON = "This button is no longer valid."
+
+
+class SlackUnavailable(TandemError):
+    """Slack could not be reached at start."""
+
+
+def stranger_text(user_id: str) -> str:
+    return (f"Sorry, you are not on Tandem's allowed list. Your Slack user id is `{user_id}`; "
+            "an admin can add it to slack.allowed_users.")
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait before trying again, or None when retrying cannot help."""
+    if isinstance(exc, SlackApiError):
+        status = exc.response.status_code
+        if status == 429:
+            headers = exc.response.headers or {}
+            raw = headers.get("Retry-After") or headers.get("retry-after") or 1
+            return max(float(raw), 0.1)
+        return 2.0 if status >= 500 else None
+    return 2.0  # network trouble
+
+
+def _remember(store: OrderedDict[Any, Any], key: Any, value: Any = True) -> None:
+    store[key] = value
+    store.move_to_end(key)
+    while len(store) > MEMORY:
+        store.popitem(last=False)
+
+
+
+# -- pure: Slack payloads to Tandem's terms ------------------------------------------------
+
+_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
+_COMMAND = re.compile(r"/([a-z]+)(?:\s+(.*))?", re.S)
+_LINK = re.compile(r"<((?:https?|mailto):[^|>]+)(?:\|([^>]+))?>")
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A user's message, normalized."""
+
+    conv: ConvKey
+    channel: str
+    ts: str
+    user: str
+    team: str | None
+    text: str
+    thread: str | None
+    """The thread the message was posted in (None at the top of a channel or DM)."""
+    addressed: bool
+    """To Tandem for sure (a DM or a mention); otherwise only if Tandem is in the thread."""
+    dm: bool
+    attachments: tuple[Attachment, ...] = ()
+
+
+def slack_text(text: str, bot_user: str) -> str:
+    """Slack's message markup to plain text: the bot's mention removed, links and
+    entities undone."""
+    text = text.replace(f"<@{bot_user}>", " ").strip()
+    text = _LINK.sub(lambda m: f"{m.group(2)} ({m.group(1)})" if m.group(2) else m.group(1),
+                     text)
+    text = re.sub(r"[ \t]{2,}", " ", text)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
+    """The message Tandem may answer, or None (edits, other bots, unmentioned channel talk)."""
+    user = event.get("user")
+    if event.get("subtype") not in _SUBTYPES or event.get("bot_id") or not user \
+            or user == bot_user:
+        return None
+    channel, ts = str(event["channel"]), str(event["ts"])
+    raw = str(event.get("text") or "")
+    thread = str(event["thread_ts"]) if event.get("thread_ts") not in (None, ts) else None
+    dm = event.get("channel_type") == "im"
+    mentioned = event.get("type") == "app_mention" or f"<@{bot_user}>" in raw
+    if dm:
+        key = thread
+    elif mentioned or thread:
+        key = thread or ts
+    else:
+        return None
+    files = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
+                             int(f.get("size") or 0)) for f in event.get("files") or ())
+    return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, str(user),
+                    event.get("user_team") or event.get("team"), slack_text(raw, bot_user),
+                    thread, dm or mentioned, dm, files)
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """`/name args` (a word of letters after the slash), or None for ordinary text."""
+    match = _COMMAND.fullmatch(text.strip())
+    if match is None:
+        return None
+    return match.group(1), (match.group(2) or "").strip()
+
+
+class SlackAdapter:
+    def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0) -> None:
+        self.config = config
+        self.slack = config.slack
+        self.hub = hub
+        self.min_edit_interval = min_edit_interval
+        self.url: str | None = None
+        """HTTP mode: the events endpoint as bound (port 0 picks a free port)."""
+        self.bot_user = ""
+        self.bot_id = ""
+        self.team: str | None = None
+        self._allowed = set(self.slack.allowed_users)
+        self._approvers = set(self.slack.approvers)
+        self._client: AsyncWebClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._runner: web.AppRunner | None = None
+        self._closed = False
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._live: dict[ConvKey, Live] = {}
+        self._holds: dict[str, float] = {}
+        self._seen: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._threads: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
+        self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
+        self._names: OrderedDict[str, str] = OrderedDict()
+        self._told: set[str] = set()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        base = self.slack.base_url if self.slack.base_url.endswith("/") \
+            else self.slack.base_url + "/"
+        self._client = AsyncWebClient(token=self.slack.bot_token, base_url=base,
+                                      session=self._session)
+        try:
+            auth = await self._client.auth_test()
+        except SlackApiError as exc:
+            await self.stop()
+            raise ConfigError("slack.bot_token", "was rejected by Slack "
+                              f"({exc.response.get('error')})") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            await self.stop()
+            raise SlackUnavailable(f"slack: cannot reach {base} ({type(exc).__name__})") from None
+        self.bot_user, self.bot_id = str(auth["user_id"]), str(auth.get("bot_id") or "")
+        self.team = auth.get("team_id")
+        if not self._allowed and not self._approvers:
+            log.warning("slack.allowed_users is empty: nobody can use Tandem on Slack")
+        app = self._build_app()
+        if self.slack.mode == "socket":
+            await self._start_socket(app)
+        else:
+            await self._start_http(app)
+
+    async def _start_socket(self, app: AsyncApp) -> None:
+        self._socket = AsyncSocketModeHandler(app, app_token=self.slack.app_token,
+                                              web_client=self._client)
+        try:
+            await self._socket.connect_async()  # type: ignore[no-untyped-call]
+        except SlackApiError as exc:
+            await self.stop()
+            raise ConfigError("slack.app_token", "was rejected by Slack "
+                              f"({exc.response.get('error')})") from None
+
+    async def _start_http(self, app: AsyncApp) -> None:
+        http = self.slack.http
+        self._runner = web.AppRunner(app.web_app(path=http.path), handle_signals=False,
+                                     access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, http.host, http.port).start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}{http.path}"
+        log.info("slack: listening for events on %s", self.url)
+
+    def _build_app(self) -> AsyncApp:
+        app = AsyncApp(client=self._client, signing_secret=self.slack.signing_secret or "",
+                       name="tandem")
+        app.event("app_mention")(self._on_event)
+        app.event("message")(self._on_event)  # also acks the subtypes Tandem ignores
+        app.action(re.compile(".*"))(self._on_action)
+        app.command("/tandem")(self._on_command)
+        return app
+
+    async def stop(self) -> None:
+        self._closed = True
+        if self._socket is not None:
+            await self._socket.close_async()  # type: ignore[no-untyped-call]
+            self._socket = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=2.0)
+            for task in self._inflight:
+                task.cancel()
+        for live in self._live.values():
+            await live.close()
+        self._live.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """Listener work runs in bolt's tasks; hold them so stop() can end them."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            yield
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    @property
+    def client(self) -> AsyncWebClient:
+        assert self._client is not None, "the Slack adapter is not started"
+        return self._client
+
+    # -- inbound: messages --------------------------------------------------------------
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        with self._tracked():
+            msg = extract_message(event, self.bot_user)
+            if msg is None or self._closed:
+                return
+            if (msg.channel, msg.ts) in self._seen:
+                return  # the same message as app_mention and as message
+            _remember(self._seen, (msg.channel, msg.ts))
+            await self._on_message(msg)
+
+    async def _on_message(self, msg: Incoming) -> None:
+        if not msg.addressed and not await self._in_thread(msg.channel, msg.thread or ""):
+            return
+        if not self._allowed_user(msg.user, msg.team):
+            await self._tell_stranger(msg.conv, msg.user, dm=msg.dm)
+            return
+        context = None
+        if msg.thread is not None and msg.addressed:
+            context = await self._join_thread(msg.channel, msg.thread, msg.ts)
+        elif msg.conv.thread_id is not None:
+            _remember(self._threads, (msg.channel, msg.conv.thread_id))
+        who = User(msg.user, await self._name(msg.user))
+        await self._submit(msg.conv, self._inbound(msg, who, context), msg.user)
+
+    def _inbound(self, msg: Incoming, who: User, context: str | None) -> Inbound:
+        ref = f"slack:{msg.channel}:{msg.ts}"
+        command = parse_command(msg.text)
+        if command is None:
+            return UserMessage(msg.conv, who, msg.text or "(a mention without a message)",
+                               ref=ref, attachments=msg.attachments, context=context)
+        name, args = command
+        if name in ("stop", "cancel"):
+            return Cancel(msg.conv, who, ref=ref)
+        return Command(msg.conv, who, name, args, ref=ref)
+
+    async def _submit(self, conv: ConvKey, item: Inbound, user: str) -> None:
+        receipt = await self.hub.submit(item)
+        if not receipt.accepted and receipt.note:
+            await self._ephemeral(conv, user, receipt.note)
+
+    async def _in_thread(self, channel: str, thread: str) -> bool:
+        """Tandem takes part in this thread (it has posted there)."""
+        known = self._threads.get((channel, thread))
+        if known is not None:
+            return known
+        messages = await self._replies(channel, thread)
+        if messages is None:
+            return False
+        active = any(self._mine(m) for m in messages)
+        _remember(self._threads, (channel, thread), active)
+        return active
+
+    async def _join_thread(self, channel: str, thread: str, ts: str) -> str | None:
+        """Addressed in a thread: read it once when joining; the earlier messages as text."""
+        if self._threads.get((channel, thread)):
+            return None
+        messages = await self._replies(channel, thread)
+        if self._threads.get((channel, thread)) or messages is None:
+            _remember(self._threads, (channel, thread))
+            return None
+        _remember(self._threads, (channel, thread))
+        if any(self._mine(m) for m in messages):
+            return None
+        earlier = [m for m in messages if str(m.get("ts", "")) < ts and not self._mine(m)]
+        lines = [f"{await self._name(str(m.get('user', '')))}: "
+                 f"{slack_text(str(m.get('text') or ''), self.bot_user)}"
+                 for m in earlier[-CONTEXT_MESSAGES:]]
+        if len(earlier) > CONTEXT_MESSAGES:
+            lines.insert(0, f"({len(earlier) - CONTEXT_MESSAGES} older messages not shown)")
+        return "\n".join(lines) or None
+
+    async def _replies(self, channel: str, thread: str) -> list[dict[str, Any]] | None:
+        """One `conversations.replies` per thread at a time (concurrent askers share it)."""
+        key = (channel, thread)
+        pending = self._lookups.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[list[dict[str, Any]] | None] = \
+            asyncio.get_running_loop().create_future()
+        self._lookups[key] = future
+        result: list[dict[str, Any]] | None = None
+        try:
+            resp = await self._call(lambda: self.client.conversations_replies(
+                channel=channel, ts=thread, limit=200), deadline=30.0)
+            result = list(resp.get("messages") or [])
+        except NETWORK_ERRORS:
+            log.warning("slack: could not read thread %s in %s", thread, channel, exc_info=True)
+        finally:
+            del self._lookups[key]
+            future.set_result(result)
+        return result
+
+    def _mine(self, message: dict[str, Any]) -> bool:
+        return message.get("user") == self.bot_user or \
+            bool(self.bot_id) and message.get("bot_id") == self.bot_id
+
+    def _allowed_user(self, user: str, team: str | None) -> bool:
+        if user in self._allowed or user in self._approvers:
+            return True
+        return "*" in self._allowed and (team is None or self.team is None or team == self.team)
+
+    async def _tell_stranger(self, conv: ConvKey, user: str, *, dm: bool) -> None:
+        if user in self._told:
+            return
+        self._told.add(user)
+        log.warning("slack: message from %s, who is not in slack.allowed_users", user)
+        if dm:
+            await self._post(conv, stranger_text(user))
+        else:
+            await self._ephemeral(conv, user, stranger_text(user))
+
+    async def _name(self, user: str) -> str:
+        name = self._names.get(user)
+        if name is None:
+            try:
+                info = (await self.client.users_info(user=user))["user"]
+                profile = info.get("profile") or {}
+                name = str(profile.get("display_name") or info.get("real_name")
+                           or info.get("name") or "")
+            except NETWORK_ERRORS:
+                log.info("slack: no name for %s", user, exc_info=True)
+                name = ""
+            _remember(self._names, user, name)
+        return name
+
+    # -- inbound: buttons and the slash command -------------------------------------
+
+    async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        with self._tracked():
+            await self._press(body)
+
+    async def _press(self, body: dict[str, Any]) -> None:
+        user = body.get("user") or {}
+        uid = str(user.get("id") or "")
+        container = body.get("container") or {}
+        channel = str(container.get("channel_id") or (body.get("channel") or {}).get("id"))
+        message_ts = str(container.get("message_ts") or "")
+        thread = container.get("thread_ts")
+        # A card Tandem posted at the top of a DM may later become a thread's root.
+        conv = ConvKey(PLATFORM, channel, str(thread) if thread and thread != message_ts
+                       else None)
+        if not self._allowed_user(uid, user.get("team_id")):
+            await self._ephemeral(conv, uid, stranger_text(uid))
+            return
+        action = (body.get("actions") or [{}])[0]
+        data = unpack(str(action.get("value") or ""))
+        who = User(uid, await self._name(uid))
+        ref = f"slack:{channel}:{action.get('action_ts')}:{uid}"
+        match data:
+            case None:
+                await self._ephemeral(conv, uid, INVALID_BUTTON)
+            case CancelButton():
+                self.hub.cancel(Cancel(conv, who))
+            case ApprovalButton(approval_id, verdict):
+                await self._submit(conv, Decision(conv, who, approval_id, verdict, ref=ref), uid)
+            case ItemButton(kind, item_id):
+                name = "canceljob" if kind == "job" else "revoke"
+                await self._submit(conv, Command(conv, who, name, item_id, ref=ref), uid)
+
+    async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        with self._tracked():
+            uid, channel = str(body.get("user_id")), str(body.get("channel_id"))
+            conv = ConvKey(PLATFORM, channel, None)
+            if not self._allowed_user(uid, body.get("team_id")):
+                await self._ephemeral(conv, uid, stranger_text(uid))
+                return
+            name, args = parse_command("/" + str(body.get("text") or "help").strip()) \
+                or ("help", "")
+            who = User(uid, await self._name(uid))
+            ref = f"slack:cmd:{body.get('trigger_id')}"
+            item: Inbound = Cancel(conv, who) if name in ("stop", "cancel") \
+                else Command(conv, who, name, args, ref=ref)
+            await self._submit(conv, item, uid)
+
+    # -- outbound -----------------------------------------------------------------------
+
+    async def emit(self, event: Event) -> None:
+        if self._closed or self._client is None:
+            log.debug("slack: stopped; %s dropped", type(event).__name__)
+            return
+        try:
+            await self._render(event)
+        except (*NETWORK_ERRORS, RetryLater):
+            log.error("slack: could not show %s in %s", type(event).__name__, event.conv,
+                      exc_info=True)
+
+    async def _render(self, event: Event) -> None:
+        match event:
+            case TurnStarted() | Progress() | TurnEnded():
+                await self._render_turn(event)
+            case ApprovalRequested():
+                await self._card(event)
+            case ApprovalResolved():
+                await self._resolved(event)
+            case Notice(conv=conv, text=text, ephemeral_to=to, buttons=buttons):
+                if to is not None:
+                    await self._ephemeral(conv, to.id, text)
+                else:
+                    await self._post(conv, text, buttons)
+            case Queued(conv=conv, ref=ref):
+                await self._react(conv, ref)
+
+    async def _render_turn(self, event: TurnStarted | Progress | TurnEnded) -> None:
+        """One LiveMessage per turn: placeholder, throttled edits, final text."""
+        conv = event.conv
+        match event:
+            case TurnStarted():
+                if (old := self._live.pop(conv, None)) is not None:
+                    await old.close()
+                live = self._live[conv] = self._new_live(conv)
+                await live.open(render.THINKING)
+            case Progress():
+                if (running := self._live.get(conv)) is not None:
+                    running.update(render.progress_text(event))
+            case TurnEnded(text=text, suspended=suspended):
+                if suspended:
+                    text = f"{text}\n\n{render.WAITING}" if text.strip() else render.WAITING
+                if (ending := self._live.pop(conv, None)) is not None:
+                    await ending.finish(text)
+                    await ending.close()
+                else:
+                    await self._post(conv, text)
+
+    def _new_live(self, conv: ConvKey) -> Live:
+        async def post(text: str, live: bool) -> str | None:
+            return await self._live_post(conv, text, live)
+
+        async def edit(ts: str | None, text: str, live: bool) -> None:
+            await self._live_edit(conv, ts, text, live)
+
+        return LiveMessage(post, edit, limit=render.SECTION_CHARS,
+                           min_interval=self.min_edit_interval,
+                           hold=lambda: self._holds.get(conv.chat_id, 0.0))
+
+    def _limited(self, channel: str, exc: BaseException) -> None:
+        """Turn "slow down" (429, a 5xx, network trouble) into RetryLater for LiveMessage."""
+        wait = _retry_after(exc)
+        if wait is not None:
+            self._holds[channel] = time.monotonic() + wait
+            raise RetryLater(wait) from None
+
+    async def _live_post(self, conv: ConvKey, text: str, live: bool) -> str | None:
+        if self._closed:
+            return None
+        blocks = [b for part in render.message(text, cancel=live) for b in part]
+        try:
+            resp = await self.client.chat_postMessage(
+                channel=conv.chat_id, thread_ts=conv.thread_id, text=render.fallback(text),
+                blocks=blocks)
+        except NETWORK_ERRORS as exc:
+            self._limited(conv.chat_id, exc)
+            log.error("slack: could not post in %s", conv, exc_info=True)
+            return None
+        return str(resp["ts"])
+
+    async def _live_edit(self, conv: ConvKey, ts: str | None, text: str, live: bool) -> None:
+        if self._closed or ts is None:
+            return
+        blocks = [b for part in render.message(text, cancel=live) for b in part]
+        try:
+            await self.client.chat_update(channel=conv.chat_id, ts=ts,
+                                          text=render.fallback(text), blocks=blocks)
+        except NETWORK_ERRORS as exc:
+            self._limited(conv.chat_id, exc)
+            log.warning("slack: could not edit %s in %s", ts, conv, exc_info=True)
+            if not live:  # the final text must arrive: as a new message, then
+                await self._live_post(conv, text, False)
+
+    async def _call(self, fn: Callable[[], Awaitable[T]], deadline: float = FINAL_DEADLINE_S,
+                    channel: str | None = None) -> T:
+        """A Web API call, waiting out rate limits and short outages until `deadline`."""
+        give_up = time.monotonic() + deadline
+        while True:
+            try:
+                return await fn()
+            except NETWORK_ERRORS as exc:
+                wait = _retry_after(exc)
+                if wait is None or time.monotonic() + wait > give_up or self._closed:
+                    raise
+                if channel is not None:
+                    self._holds[channel] = time.monotonic() + wait
+                await asyncio.sleep(wait)
+
+    async def _post_blocks(self, conv: ConvKey, text: str,
+                           blocks: list[render.Block]) -> AsyncSlackResponse:
+        return await self._call(lambda: self.client.chat_postMessage(
+            channel=conv.chat_id, thread_ts=conv.thread_id, text=text, blocks=blocks),
+            channel=conv.chat_id)
+
+    async def _post(self, conv: ConvKey, text: str, buttons: tuple[Any, ...] = ()) -> None:
+        for blocks in render.message(text, buttons=buttons):
+            await self._post_blocks(conv, render.fallback(text), blocks)
+
+    async def _ephemeral(self, conv: ConvKey, user: str, text: str) -> None:
+        try:
+            await self._call(lambda: self.client.chat_postEphemeral(
+                channel=conv.chat_id, user=user, thread_ts=conv.thread_id,
+                text=render.fallback(text), blocks=render.sections(text)[:4]), deadline=30.0)
+        except NETWORK_ERRORS:
+            log.warning("slack: could not tell %s privately in %s", user, conv, exc_info=True)
+
+    async def _card(self, event: ApprovalRequested) -> None:
+        card = render.approval_card(event.approval_id, event.tool, event.summary,
+                                    event.requester, event.expires_in_s)
+        for blocks in card.preamble:
+            await self._post_blocks(event.conv, f"The `{event.tool}` call, in full", blocks)
+        resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])
+        _remember(self._cards, event.approval_id,
+                  (str(resp["channel"]), str(resp["ts"]), card.blocks))
+
+    async def _resolved(self, event: ApprovalResolved) -> None:
+        line = render.outcome_line(event.outcome, event.by)
+        card = self._cards.pop(event.approval_id, None)
+        if card is not None:
+            channel, ts, blocks = card
+            try:
+                await self._call(lambda: self.client.chat_update(
+                    channel=channel, ts=ts, text=line, blocks=[*blocks, render.context(line)]),
+                    channel=channel)
+                return
+            except SlackApiError:
+                log.warning("slack: could not update the card %s", ts, exc_info=True)
+        await self._post(event.conv, line)
+
+    async def _react(self, conv: ConvKey, ref: str | None) -> None:
+        prefix = f"slack:{conv.chat_id}:"
+        if ref is None or not ref.startswith(prefix):
+            return
+        try:
+            await self._call(lambda: self.client.reactions_add(
+                channel=conv.chat_id, timestamp=ref.removeprefix(prefix), name="eyes"),
+                deadline=30.0)
+        except SlackApiError as exc:
+            if exc.response.get("error") != "already_reacted":
+                log.warning("slack: could not react in %s", conv, exc_info=True)
+
+
+def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> SlackAdapter:
+    """The Slack platform; `options` go to `SlackAdapter` (e.g. `min_edit_interval`)."""
+    slack = config.slack
+    if not slack.bot_token:
+        raise ConfigError("slack.bot_token", "is required when Slack is enabled")
+    if slack.mode == "socket" and not slack.app_token:
+        raise ConfigError("slack.app_token", "is required in Socket Mode (slack.mode: socket)")
+    if slack.mode == "http" and not slack.signing_secret:
+        raise ConfigError("slack.signing_secret", "is required in HTTP mode (slack.mode: http)")
+    adapter = SlackAdapter(config, hub, **options)
+    dispatch.sinks[PLATFORM] = adapter
+    return adapter

@@ -1,0 +1,630 @@
+"""Telegram, on python-telegram-bot: updates in, events out.
+
+Inbound: a handler checks access (fails closed), decides whether a group message is
+for Tandem, normalizes it and hands it to `hub.submit` (the hub dedupes `tg:<update_id>`
+refs, so a redelivered update is answered once). Outbound: one `LiveMessage` per turn,
+paced to one edit per second per chat; Markdown goes out as Telegram HTML and falls
+back to plain text if Telegram cannot parse it; `retry_after` holds the whole chat.
+A turn's placeholder appears after `placeholder_delay` seconds (typing shows at once),
+so a quick answer arrives as one message instead of a placeholder and an edit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import re
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from telegram import (
+    BotCommand,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    InputFile,
+    MaybeInaccessibleMessage,
+    Message,
+    ReactionTypeEmoji,
+    ReplyParameters,
+    Update,
+)
+from telegram import User as TgUser
+from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
+from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError
+from telegram.ext import (
+    Application,
+    ApplicationBuilder,
+    CallbackQueryHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
+
+from adapters import telegram_render as render
+from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater, split_text
+from bot.app import Dispatch
+from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
+from bot.config import Config
+from bot.errors import ConfigError
+from bot.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Button,
+    Cancel,
+    Command,
+    ConvKey,
+    Decision,
+    Event,
+    Notice,
+    Phase,
+    Progress,
+    Queued,
+    TurnEnded,
+    TurnStarted,
+    User,
+    UserMessage,
+    Verdict,
+)
+from bot.hub import Hub
+
+log = logging.getLogger(__name__)
+PLATFORM = "telegram"
+MAX_TEXT = 4096
+PLACEHOLDER_DELAY_S = 0.5
+TYPING_EVERY_S = 4.0
+THINKING = "⏳ Thinking…"
+COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
+            ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
+            ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
+            ("approvals", "Standing approval rules here")]
+_COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]+))?(?:\s+|$)(.*)", re.DOTALL)
+T = TypeVar("T")
+App = Application[Any, Any, Any, Any, Any, Any]
+
+
+@dataclass(slots=True)
+class _Posted:
+    """A message the bot showed; `message_id` None: not on screen, the next edit posts."""
+
+    chat: int
+    thread: int | None
+    message_id: int | None
+
+
+@dataclass(slots=True)
+class _Pace:
+    """Per chat: when the last edit went out and until when Telegram said to wait."""
+
+    last_edit: float = 0.0
+    hold_until: float = 0.0
+
+
+@dataclass(slots=True)
+class _Turn:
+    live: LiveMessage[_Posted]
+    status: str = THINKING
+    tool: str | None = None
+    tool_since: float = 0.0
+    opened: bool = False
+    posting: bool = False
+    """The placeholder is being posted: let it land rather than cancel it."""
+    opener: asyncio.Task[None] | None = None
+    typing: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class _Card:
+    chat: int
+    message_id: int
+    html: str
+
+
+def parse_command(text: str) -> tuple[str, str, str | None] | None:
+    """`/name@bot args` → (name, args, bot or None); None when it is not a command."""
+    match = _COMMAND.fullmatch(text)
+    if match is None:
+        return None
+    return match.group(1).lower(), match.group(3).strip(), match.group(2)
+
+
+def _seconds(value: int | float | dt.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+def _is(exc: BadRequest, *needles: str) -> bool:
+    return any(n in exc.message.lower() for n in needles)
+
+
+def _keyboard(buttons: list[list[tuple[str, str]]]) -> InlineKeyboardMarkup | None:
+    rows = [[InlineKeyboardButton(label, callback_data=data) for label, data in row]
+            for row in buttons if row]
+    return InlineKeyboardMarkup(rows) if rows else None
+
+
+CANCEL_KEYBOARD = [[("⏹ Cancel", pack(CancelButton()))]]
+
+
+class TelegramAdapter:
+    def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0,
+                 placeholder_delay: float = PLACEHOLDER_DELAY_S,
+                 typing_interval: float = TYPING_EVERY_S) -> None:
+        tg = config.telegram
+        if not tg.token:
+            raise ConfigError("telegram.token", "is required when telegram.enabled is true")
+        self.config, self.hub = config, hub
+        self.min_edit_interval = min_edit_interval
+        self.placeholder_delay = placeholder_delay
+        self.typing_interval = typing_interval
+        self.render: Callable[[str], str] = render.to_html
+        self.allowed = set(tg.allowed_users) | set(tg.approvers)
+        base = tg.base_url.rstrip("/")
+        file_url = base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") \
+            else "https://api.telegram.org/file/bot"
+        self.app: App = (ApplicationBuilder().token(tg.token).base_url(tg.base_url)
+                         .base_file_url(file_url).concurrent_updates(True).build())
+        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & filters.TEXT,
+                                            self._on_message))
+        self.app.add_handler(CallbackQueryHandler(self._on_callback))
+        self.app.add_error_handler(self._on_error)
+        self.username = ""
+        self.bot_id = 0
+        self._running = False
+        self._turns: dict[ConvKey, _Turn] = {}
+        self._cards: dict[str, _Card] = {}
+        self._paces: dict[int, _Pace] = {}
+        self._names: dict[str, str] = {}
+        self._refused: set[int] = set()
+        self._recent: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._locks: weakref.WeakValueDictionary[ConvKey, asyncio.Lock] = \
+            weakref.WeakValueDictionary()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.app.initialize()  # getMe
+        me = self.app.bot.bot
+        self.username, self.bot_id = me.username or "", me.id
+        await self.app.bot.set_my_commands([BotCommand(n, d) for n, d in COMMANDS])
+        if not self.config.telegram.allowed_users:
+            log.warning("telegram.allowed_users is empty: Tandem answers nobody on Telegram")
+        assert self.app.updater is not None
+        await self.app.updater.start_polling(allowed_updates=["message", "callback_query"])
+        await self.app.start()
+        self._running = True
+        log.info("Telegram: polling as @%s", self.username)
+
+    async def stop(self) -> None:
+        if self.app.updater is not None and self.app.updater.running:
+            await self.app.updater.stop()  # confirms the offset of every fetched update
+        if self.app.running:
+            await self.app.stop()  # handles updates already fetched
+        self._running = False
+        for turn in self._turns.values():
+            await self._quiet(turn, land=False)
+            await turn.live.close()
+        self._turns.clear()
+        await self.app.shutdown()
+
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        log.error("Telegram: handling an update failed", exc_info=context.error)
+
+    # -- inbound ----------------------------------------------------------------------
+
+    def _conv(self, message: Message | MaybeInaccessibleMessage) -> ConvKey:
+        chat = message.chat
+        thread = None
+        if chat.type != ChatType.PRIVATE and isinstance(message, Message) \
+                and message.is_topic_message and message.message_thread_id:
+            thread = str(message.message_thread_id)
+        return ConvKey(PLATFORM, str(chat.id), thread)
+
+    def _user(self, user: TgUser) -> User:
+        self._names[str(user.id)] = user.first_name
+        suffix = f" (@{user.username})" if user.username else ""
+        return User(str(user.id), user.first_name + suffix)
+
+    def _lock(self, conv: ConvKey) -> asyncio.Lock:
+        lock = self._locks.get(conv)
+        if lock is None:
+            lock = self._locks[conv] = asyncio.Lock()
+        return lock
+
+    def _addressed(self, message: Message, text: str) -> bool:
+        """In a group: mentioned, replied to, or a command (not another bot's)."""
+        if not self.config.telegram.groups.require_mention:
+            return True
+        reply = message.reply_to_message
+        if reply is not None and reply.from_user is not None \
+                and reply.from_user.id == self.bot_id and reply.forum_topic_created is None:
+            return True
+        kinds: list[str | None] = [MessageEntityType.MENTION, MessageEntityType.TEXT_MENTION]
+        for entity, value in message.parse_entities(kinds).items():
+            if value.lower() == f"@{self.username.lower()}" or \
+                    (entity.user is not None and entity.user.id == self.bot_id):
+                return True
+        command = parse_command(text)
+        return command is not None and (command[2] or self.username).lower() \
+            == self.username.lower()
+
+    def _strip_mention(self, text: str) -> str:
+        name = re.escape(self.username)
+        return re.sub(rf"(?<![\w@])@{name}(?!\w)[,:]?\s*", "", text, flags=re.IGNORECASE).strip()
+
+    async def _on_message(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.message
+        sender = message.from_user if message is not None else None
+        if message is None or sender is None or sender.is_bot or message.text is None:
+            return
+        if message.chat.type != ChatType.PRIVATE and not self._addressed(message, message.text):
+            return
+        if sender.id not in self.allowed:
+            await self._refuse(message, sender.id)
+            return
+        conv, user = self._conv(message), self._user(sender)
+        text, ref = self._strip_mention(message.text), f"tg:{update.update_id}"
+        command = parse_command(text)
+        if command is not None and command[2] and command[2].lower() != self.username.lower():
+            return  # `/cmd@another_bot`
+        async with self._lock(conv):  # updates run concurrently; keep one chat's order
+            if command is not None and command[0] in ("stop", "cancel"):
+                self.hub.cancel(Cancel(conv, user, ref))
+                return
+            self._recent[ref] = (message.chat.id, message.message_id)
+            while len(self._recent) > 1000:
+                self._recent.popitem(last=False)
+            item = Command(conv, user, command[0], command[1], ref=ref) if command \
+                else UserMessage(conv, user, text, ref=ref)
+            receipt = await self.hub.submit(item)
+        if not receipt.accepted and receipt.note:
+            await self._reply(message, receipt.note)
+
+    async def _refuse(self, message: Message, user_id: int) -> None:
+        if user_id in self._refused:
+            return
+        self._refused.add(user_id)
+        log.info("Telegram: message from user %s, who is not in telegram.allowed_users", user_id)
+        await self._reply(message, f"Sorry, I only answer people on my list. Your Telegram user "
+                          f"id is {user_id}; an admin can add it to telegram.allowed_users.")
+
+    async def _reply(self, message: Message, text: str) -> None:
+        with contextlib.suppress(TelegramError):
+            await message.reply_text(text, do_quote=False)
+
+    async def _on_callback(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
+        query = update.callback_query
+        if query is None:
+            return
+        data = unpack(query.data or "")
+        if query.from_user.id not in self.allowed:
+            await self._answer(query, "You are not allowed to use Tandem.", alert=True)
+            return
+        if data is None or query.message is None:
+            await self._answer(query, "This button is no longer valid.", alert=True)
+            return
+        conv, user, ref = self._conv(query.message), self._user(query.from_user), \
+            f"tg:cb:{query.id}"
+        match data:
+            case ApprovalButton(approval_id, verdict):
+                self._remember_card(approval_id, query.message)
+                receipt = await self.hub.submit(Decision(conv, user, approval_id, verdict, ref))
+            case CancelButton():
+                receipt = self.hub.cancel(Cancel(conv, user, ref))
+            case ItemButton(kind, item_id):
+                name = "canceljob" if kind == "job" else "revoke"
+                receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
+        refused = not receipt.accepted and bool(receipt.note)
+        await self._answer(query, receipt.note, alert=refused)
+
+    def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> None:
+        """After a restart the card is only known from the press on it."""
+        if approval_id not in self._cards and isinstance(message, Message) and message.text:
+            self._cards[approval_id] = _Card(message.chat.id, message.message_id,
+                                             message.text_html)
+
+    async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool = False) -> None:
+        try:
+            await query.answer(text[:200] if text else None, show_alert=alert)
+        except TelegramError:
+            log.warning("Telegram: could not answer a button press", exc_info=True)
+
+    # -- outbound ---------------------------------------------------------------------
+
+    async def emit(self, event: Event) -> None:
+        if not self._running:
+            log.debug("Telegram: stopped; %s dropped", type(event).__name__)
+            return
+        try:
+            await self._render(event)
+        except (TelegramError, RetryLater):
+            log.warning("Telegram: could not show %s in %s", type(event).__name__, event.conv,
+                        exc_info=True)
+
+    async def _render(self, event: Event) -> None:
+        match event:
+            case TurnStarted():
+                await self._turn_started(event.conv)
+            case Progress():
+                self._progress(event)
+            case TurnEnded():
+                await self._turn_ended(event)
+            case ApprovalRequested():
+                await self._approval_requested(event)
+            case ApprovalResolved():
+                await self._approval_resolved(event)
+            case Notice():
+                await self._notice(event.conv, event.text, event.buttons)
+            case Queued():
+                await self._queued(event)
+
+    async def _turn_started(self, conv: ConvKey) -> None:
+        old = self._turns.pop(conv, None)
+        if old is not None:
+            await self._quiet(old, land=False)
+            await old.live.close()
+        chat, thread = _where(conv)
+        live: LiveMessage[_Posted] = LiveMessage(
+            lambda text, on: self._live_post(chat, thread, text, on), self._live_edit,
+            limit=MAX_TEXT, min_interval=self.min_edit_interval,
+            hold=lambda: self._edit_at(chat))
+        turn = self._turns[conv] = _Turn(live)
+        loop = asyncio.get_running_loop()
+        turn.typing = loop.create_task(self._typing(chat, thread, turn))
+        if self.placeholder_delay <= 0:
+            await self._open(turn)
+        else:
+            turn.opener = loop.create_task(self._open(turn, self.placeholder_delay))
+
+    async def _open(self, turn: _Turn, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        turn.posting = True
+        shown = turn.status
+        await turn.live.open(shown)
+        turn.opened = True
+        if turn.status != shown:
+            turn.live.update(turn.status)
+
+    def _progress(self, event: Progress) -> None:
+        turn = self._turns.get(event.conv)
+        if turn is None:
+            return
+        if event.text:
+            turn.tool, status = None, event.text
+        elif event.phase is Phase.TOOL and event.tool:
+            turn.tool, turn.tool_since = event.tool, time.monotonic()
+            status = f"⚙️ Running `{event.tool}`…"
+        elif event.phase is Phase.APPROVAL:
+            turn.tool, status = None, "🔐 Waiting for approval…"
+        else:
+            turn.tool, status = None, THINKING
+        if status != turn.status:
+            turn.status = status
+            turn.live.update(status)
+
+    async def _typing(self, chat: int, thread: int | None, turn: _Turn) -> None:
+        """Typing while the turn runs; also ticks the seconds of a running tool."""
+        while True:
+            if self._pace(chat).hold_until <= time.monotonic():
+                try:
+                    await self.app.bot.send_chat_action(chat, ChatAction.TYPING,
+                                                        message_thread_id=thread)
+                except TelegramError:
+                    log.debug("Telegram: typing action failed", exc_info=True)
+            await asyncio.sleep(self.typing_interval)
+            if turn.tool is not None:
+                seconds = render.duration(time.monotonic() - turn.tool_since)
+                turn.status = f"⚙️ Running `{turn.tool}`… ({seconds})"
+                turn.live.update(turn.status)
+
+    async def _quiet(self, turn: _Turn, *, land: bool) -> None:
+        """Stop typing; cancel a placeholder not yet due, or (`land`) await one being posted."""
+        tasks = [t for t in (turn.typing, turn.opener) if t is not None]
+        turn.typing = turn.opener = None
+        for task in tasks:
+            if not (land and task is tasks[-1] and turn.posting):
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _placeholder(self, turn: _Turn) -> None:
+        """Post the placeholder now if it is still only due."""
+        if turn.opener is not None and not turn.posting:
+            turn.opener.cancel()
+            await asyncio.gather(turn.opener, return_exceptions=True)
+            turn.opener = None
+        if turn.opener is not None:
+            await asyncio.gather(turn.opener, return_exceptions=True)
+        elif not turn.opened:
+            await self._open(turn)
+
+    async def _turn_ended(self, event: TurnEnded) -> None:
+        turn = self._turns.pop(event.conv, None)
+        text = event.text
+        if event.suspended:
+            text = f"{text.rstrip()}\n\n⏸ Waiting for approval" if text.strip() \
+                else "⏸ Waiting for approval"
+        if turn is None:
+            await self._notice(event.conv, text, ())
+            return
+        await self._quiet(turn, land=True)
+        await turn.live.finish(text)
+        await turn.live.close()
+
+    async def _approval_requested(self, event: ApprovalRequested) -> None:
+        turn = self._turns.get(event.conv)
+        if turn is not None:  # keep the placeholder above the card
+            await self._placeholder(turn)
+        chat, thread = _where(event.conv)
+        requester = self._names.get(event.requester.id) or event.requester.name \
+            or event.requester.id
+        file_name, reply_to = None, None
+        if len(event.summary) > render.CARD_SUMMARY_LIMIT:
+            file_name = "command.txt" if event.tool == "shell" else f"{event.tool}.txt"
+            document = InputFile(event.summary.encode(), filename=file_name)
+            sent = await self._api(chat, lambda: self.app.bot.send_document(
+                chat, document, caption=f"The full {event.tool} call awaiting approval.",
+                message_thread_id=thread))
+            reply_to = sent.message_id
+        card = render.approval_card(event.tool, event.summary, requester, event.expires_in_s,
+                                    file_name)
+        ids = [(label, pack(ApprovalButton(event.approval_id, verdict))) for label, verdict in
+               (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
+                ("♾️ Always in this chat", Verdict.ALWAYS))]
+        message = await self._send(chat, thread, card, card, [ids[:2], ids[2:]], reply_to)
+        if message is not None:
+            self._cards[event.approval_id] = _Card(chat, message.message_id, card)
+
+    async def _approval_resolved(self, event: ApprovalResolved) -> None:
+        by = (event.by.name or event.by.id) if event.by is not None else None
+        line = render.outcome_line(event.outcome, by)
+        card = self._cards.pop(event.approval_id, None)
+        if card is not None:
+            ref = _Posted(card.chat, None, card.message_id)
+            if await self._edit(ref, f"{card.html}\n\n{line}", None, final=True):
+                return
+        chat, thread = _where(event.conv)
+        await self._send(chat, thread, line, line)
+
+    async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
+        chat, thread = _where(conv)
+        parts = split_text(text or " ", MAX_TEXT)
+        rows = [[(b.label, b.data) for b in buttons[i : i + 3]] for i in range(0, len(buttons), 3)]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            await self._send(chat, thread, self.render(part), part, rows if last else None)
+
+    async def _queued(self, event: Queued) -> None:
+        where = self._recent.get(event.ref or "")
+        if where is None:
+            return
+        try:
+            await self._api(where[0], lambda: self.app.bot.set_message_reaction(
+                where[0], where[1], [ReactionTypeEmoji("👀")]))
+        except BadRequest:  # reactions are off in this chat
+            chat, thread = _where(event.conv)
+            await self._send(chat, thread, "👀 Got it; I will answer after the current reply.",
+                             "👀 Got it; I will answer after the current reply.")
+
+    # -- the Bot API, paced -----------------------------------------------------------
+
+    def _pace(self, chat: int) -> _Pace:
+        pace = self._paces.get(chat)
+        if pace is None:
+            pace = self._paces[chat] = _Pace()
+        return pace
+
+    def _edit_at(self, chat: int) -> float:
+        pace = self._pace(chat)
+        return max(pace.last_edit + self.min_edit_interval, pace.hold_until)
+
+    async def _api(self, chat: int, call: Callable[[], Awaitable[T]], *,
+                   wait: bool = True) -> T:
+        """One call; on flood control hold the chat, then wait and retry (or RetryLater)."""
+        pace = self._pace(chat)
+        give_up = time.monotonic() + FINAL_DEADLINE_S
+        while True:
+            if wait and (delay := pace.hold_until - time.monotonic()) > 0:
+                await asyncio.sleep(delay)
+            try:
+                return await call()
+            except RetryAfter as exc:
+                seconds = _seconds(exc.retry_after)
+                pace.hold_until = max(pace.hold_until, time.monotonic() + seconds)
+                log.info("Telegram: flood control in chat %s, holding %.0f s", chat, seconds)
+                if not wait or time.monotonic() + seconds > give_up:
+                    raise RetryLater(seconds) from None
+
+    async def _send(self, chat: int, thread: int | None, html_text: str, plain: str,
+                    buttons: list[list[tuple[str, str]]] | None = None,
+                    reply_to: int | None = None, *, wait: bool = True) -> Message | None:
+        """Send HTML; if Telegram cannot parse it, the same text as plain text."""
+        markup = _keyboard(buttons or [])
+        reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
+
+        def send(text: str, mode: str | None) -> Callable[[], Awaitable[Message]]:
+            return lambda: self.app.bot.send_message(
+                chat, text, parse_mode=mode, reply_markup=markup, message_thread_id=thread,
+                reply_parameters=reply)
+
+        try:
+            return await self._api(chat, send(html_text, ParseMode.HTML), wait=wait)
+        except BadRequest as exc:
+            if not _is(exc, "can't parse entities"):
+                raise
+            log.warning("Telegram: HTML rejected (%s); sending plain text", exc.message)
+            return await self._api(chat, send(plain, None), wait=wait)
+
+    async def _edit(self, ref: _Posted, html_text: str, plain: str | None,
+                    buttons: list[list[tuple[str, str]]] | None = None, *, final: bool) -> bool:
+        """Edit (a final edit waits for the chat's pace); False if the message is gone."""
+        assert ref.message_id is not None
+        message_id, markup = ref.message_id, _keyboard(buttons or [])
+        if final and (delay := self._edit_at(ref.chat) - time.monotonic()) > 0:
+            await asyncio.sleep(delay)
+
+        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
+            return lambda: self.app.bot.edit_message_text(
+                text, ref.chat, message_id, parse_mode=mode, reply_markup=markup)
+
+        try:
+            try:
+                await self._api(ref.chat, edit(html_text, ParseMode.HTML), wait=final)
+            except BadRequest as exc:
+                if not _is(exc, "can't parse entities"):
+                    raise
+                log.warning("Telegram: HTML rejected (%s); editing as plain text", exc.message)
+                plain = plain if plain is not None else render.plain(html_text)
+                await self._api(ref.chat, edit(plain, None), wait=final)
+        except BadRequest as exc:
+            if _is(exc, "not modified"):
+                return True
+            if _is(exc, "message to edit not found", "message can't be edited"):
+                return False
+            raise
+        finally:
+            self._pace(ref.chat).last_edit = time.monotonic()
+        return True
+
+    async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> _Posted:
+        """LiveMessage's `post`: a new message (with ⏹ Cancel while live)."""
+        buttons = CANCEL_KEYBOARD if live else None
+        try:
+            message = await self._send(chat, thread, self.render(text), text, buttons, wait=False)
+        except (BadRequest, Forbidden):
+            log.error("Telegram: could not post in chat %s", chat, exc_info=True)
+            return _Posted(chat, thread, None)
+        except NetworkError as exc:
+            raise RetryLater(2.0) from exc
+        return _Posted(chat, thread, message.message_id if message else None)
+
+    async def _live_edit(self, ref: _Posted, text: str, live: bool) -> None:
+        """LiveMessage's `edit`; a vanished message is posted again."""
+        try:
+            if ref.message_id is None or not await self._edit(
+                    ref, self.render(text), text, CANCEL_KEYBOARD if live else None,
+                    final=not live):
+                posted = await self._live_post(ref.chat, ref.thread, text, live)
+                ref.message_id = posted.message_id
+        except (BadRequest, Forbidden):
+            log.error("Telegram: could not edit in chat %s", ref.chat, exc_info=True)
+        except NetworkError as exc:
+            if live:
+                log.info("Telegram: streaming edit failed: %s", exc)
+                return
+            raise RetryLater(2.0) from exc
+
+
+def _where(conv: ConvKey) -> tuple[int, int | None]:
+    return int(conv.chat_id), int(conv.thread_id) if conv.thread_id else None
+
+
+def create(config: Config, hub: Hub, dispatch: Dispatch) -> TelegramAdapter:
+    adapter = TelegramAdapter(config, hub)
+    dispatch.sinks[PLATFORM] = adapter
+    return adapter

@@ -1,0 +1,203 @@
+"""Sanitizer and trimming: literal histories and property tests."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.context import (
+    INTERRUPTED_RESULT,
+    adjacency,
+    check_system_fits,
+    sanitize,
+    trim,
+    turn_starts,
+)
+from bot.errors import ContextOverflowError
+from bot.history import Msg, ToolCall
+
+import pytest
+
+
+def call(i: str, name: str = "shell") -> ToolCall:
+    return ToolCall(i, name, '{"command": "ls"}')
+
+
+def asst(turn: int, *ids: str, text: str = "") -> Msg:
+    return Msg("assistant", text, turn, tuple(call(i) for i in ids))
+
+
+def res(turn: int, i: str) -> Msg:
+    return Msg("tool", "ok", turn, tool_call_id=i, name="shell")
+
+
+def u(turn: int, text: str = "hi") -> Msg:
+    return Msg("user", text, turn)
+
+
+# -- independent validators: what OpenAI and Anthropic accept --------------------------
+
+
+def openai_violations(history: list[Msg]) -> list[str]:
+    problems = []
+    open_ids: set[str] = set()
+    answered: set[str] = set()
+    for i, m in enumerate(history):
+        if m.role == "tool":
+            if m.tool_call_id not in open_ids:
+                problems.append(f"{i}: orphan result {m.tool_call_id}")
+            open_ids.discard(m.tool_call_id or "")
+            if m.tool_call_id in answered:
+                problems.append(f"{i}: duplicate result")
+            answered.add(m.tool_call_id or "")
+            continue
+        if open_ids:
+            problems.append(f"{i}: unanswered {sorted(open_ids)}")
+        open_ids = {c.id for c in m.tool_calls} if m.role == "assistant" else set()
+    if open_ids:
+        problems.append(f"end: unanswered {sorted(open_ids)}")
+    ids = [c.id for m in history for c in m.tool_calls]
+    if len(ids) != len(set(ids)):
+        problems.append("duplicate call ids")
+    return problems
+
+
+def anthropic_violations(history: list[Msg]) -> list[str]:
+    problems = openai_violations(history)
+    if history and history[0].role != "user":
+        problems.append("first message is not from the user")
+    for i, m in enumerate(history):
+        if m.role == "assistant" and not m.content and not m.tool_calls:
+            problems.append(f"{i}: empty assistant message")
+    return problems
+
+
+# -- literal cases ---------------------------------------------------------------------
+
+
+def test_missing_result_gets_an_interrupted_result_right_after_the_call() -> None:
+    out = sanitize([u(1), asst(1, "a"), u(2)])
+    assert [m.role for m in out] == ["user", "assistant", "tool", "user"]
+    assert out[2].tool_call_id == "a" and out[2].content == INTERRUPTED_RESULT
+
+
+def test_orphan_and_misplaced_results_are_dropped() -> None:
+    history = [res(1, "x"), u(1), asst(1, "a"), u(1, "interjection"), res(1, "a")]
+    out = sanitize(history)
+    assert openai_violations(out) == []
+    assert [m.role for m in out] == ["user", "assistant", "tool", "user"]
+
+
+def test_duplicate_results_keep_the_first() -> None:
+    out = sanitize([u(1), asst(1, "a"), res(1, "a"), res(1, "a")])
+    assert sum(1 for m in out if m.role == "tool") == 1
+
+
+def test_leading_assistant_and_results_are_dropped() -> None:
+    out = sanitize([asst(1, "a"), res(1, "a"), Msg("assistant", "hello", 1), u(2)])
+    assert out == [u(2)]
+
+
+def test_valid_history_is_unchanged() -> None:
+    history = [u(1), asst(1, "a", "b"), res(1, "a"), res(1, "b"), Msg("assistant", "done", 1)]
+    assert sanitize(history) == history
+
+
+def test_adjacency_never_mutates_input() -> None:
+    history = [u(1), asst(1, "a")]
+    before = list(history)
+    adjacency(history)
+    assert history == before
+
+
+# -- property tests --------------------------------------------------------------------
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Msg]:
+    """Random conversations, then damaged: cut, crashed, duplicated, shuffled results."""
+    msgs: list[Msg] = []
+    n = 0
+    for turn in range(1, draw(st.integers(1, 6)) + 1):
+        msgs.append(u(turn))
+        for _ in range(draw(st.integers(0, 3))):
+            ids = []
+            for _ in range(draw(st.integers(0, 3))):
+                n += 1
+                ids.append(draw(st.sampled_from([f"c{n}", "call_0", f"c{n}"])))
+            msgs.append(asst(turn, *ids, text=draw(st.sampled_from(["", "t"]))))
+            results = [res(turn, i) for i in ids if draw(st.booleans()) or True]
+            if draw(st.booleans()):
+                results = draw(st.permutations(results))
+            msgs.extend(results[: draw(st.integers(0, len(results)))])
+        if draw(st.booleans()):
+            msgs.append(Msg("assistant", "answer", turn))
+    # damage: a cut point, a crash (truncated end), a duplicate, a stray orphan
+    cut = draw(st.integers(0, len(msgs)))
+    end = draw(st.integers(cut, len(msgs)))
+    damaged = msgs[cut:end]
+    if damaged and draw(st.booleans()):
+        i = draw(st.integers(0, len(damaged) - 1))
+        damaged.insert(draw(st.integers(0, len(damaged))), damaged[i])
+    if draw(st.booleans()):
+        damaged.insert(draw(st.integers(0, len(damaged))), res(1, "ghost"))
+    return damaged
+
+
+@settings(max_examples=400, deadline=None)
+@given(histories())
+def test_sanitized_history_passes_openai_and_anthropic_rules(history: list[Msg]) -> None:
+    out = sanitize(history)
+    assert openai_violations(out) == []
+    assert anthropic_violations(out) == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(histories())
+def test_sanitize_is_idempotent(history: list[Msg]) -> None:
+    once = sanitize(history)
+    assert sanitize(once) == once
+
+
+# -- trimming --------------------------------------------------------------------------
+
+
+def conversation(turns: int, size: int) -> list[Msg]:
+    out = []
+    for t in range(1, turns + 1):
+        out += [u(t, "x" * size), asst(t, f"c{t}"), res(t, f"c{t}"),
+                Msg("assistant", "y" * size, t)]
+    return out
+
+
+def test_trim_drops_whole_turns_oldest_first() -> None:
+    history = conversation(10, 400)
+    total = sum(m.tokens for m in history)
+    starts = turn_starts(history)
+    start, kept = trim(history, starts, 0, total, total // 2)
+    assert start in starts
+    assert kept == sum(m.tokens for m in history[start:]) <= total // 2
+    assert history[start].role == "user"
+    assert openai_violations(history[start:]) == []
+
+
+def test_trim_never_cuts_the_current_turn() -> None:
+    history = conversation(3, 10) + [u(4, "z" * 40_000)]
+    total = sum(m.tokens for m in history)
+    start, kept = trim(history, turn_starts(history), 0, total, 100)
+    assert history[start:] == [history[-1]]
+    assert kept > 100  # over budget, but the current turn stays whole
+
+
+def test_trim_is_incremental_from_the_previous_cut() -> None:
+    history = conversation(6, 400)
+    starts = turn_starts(history)
+    total = sum(m.tokens for m in history)
+    first, kept = trim(history, starts, 0, total, total * 2 // 3)
+    again, kept2 = trim(history, starts, first, kept, total * 2 // 3)
+    assert (again, kept2) == (first, kept)
+
+
+def test_a_system_prompt_larger_than_the_window_is_a_clear_error() -> None:
+    with pytest.raises(ContextOverflowError, match="context window"):
+        check_system_fits(50_000, 32_000, 4_000)
