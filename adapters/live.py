@@ -23,7 +23,8 @@ FENCE = "```"
 FINAL_DEADLINE_S = 600.0
 
 
-class RetryLater(Exception):  # noqa: N818 - a signal, not a failure
+class RetryLater(Exception):
+    # A signal from the platform, not a failure.
     """The platform asked us to wait (HTTP 429 with retry_after / Retry-After)."""
 
     def __init__(self, seconds: float) -> None:

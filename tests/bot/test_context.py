@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,8 +16,6 @@ from bot.context import (
 )
 from bot.errors import ContextOverflowError
 from bot.history import Msg, ToolCall
-
-import pytest
 
 
 def call(i: str, name: str = "shell") -> ToolCall:

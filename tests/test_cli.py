@@ -1,0 +1,160 @@
+"""`tandem` as a user runs it: a real process, the fake model, a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import PERSONA
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_config(tmp: Path, model: FakeModelServer, **extra: Any) -> Path:
+    (tmp / "persona").mkdir(exist_ok=True)
+    for f in PERSONA.glob("*.md"):
+        (tmp / "persona" / f.name).write_text(f.read_text())
+    data: dict[str, Any] = {
+        "llm": {"model": "openai/fake", "api_base": "${FAKE_API_BASE}", "api_key": "sk-test",
+                "context_window": 32000, "timeout_s": 10},
+        "store": {"path": str(tmp / "t.db")},
+        "persona": {"dir": str(tmp / "persona")},
+        "workspace": {"dir": str(tmp / "ws")},
+        **extra,
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def env(model: FakeModelServer | None = None) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    out["PYTHONPATH"] = str(REPO)
+    if model is not None:
+        out["FAKE_API_BASE"] = model.api_base
+    return out
+
+
+async def tandem(config: Path, model: FakeModelServer, stdin: str,
+                 *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), *args, "chat",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env(model), cwd=config.parent)
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_help_is_fast_and_lists_the_commands() -> None:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "bot", "--help"], capture_output=True,
+                          text=True, env=env(), check=True)
+    assert time.monotonic() - started < 2
+    for command in ("run", "chat", "doctor"):
+        assert command in done.stdout
+
+
+def test_a_bad_config_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("llm:\n  timeout_s: soon\n")
+    done = subprocess.run([sys.executable, "-m", "bot", "--config", str(bad), "chat"],
+                          capture_output=True, text=True, env=env())
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "llm.timeout_s" in done.stderr
+    assert "Traceback" not in done.stderr
+    bad.write_text("llm:\n  api_key: ${MISSING_SECRET}\n")
+    done = subprocess.run([sys.executable, "-m", "bot", "--config", str(bad), "chat"],
+                          capture_output=True, text=True, env=env())
+    assert done.returncode == 2 and "MISSING_SECRET" in done.stderr
+    bad.write_text("llm: [unclosed\n")
+    done = subprocess.run([sys.executable, "-m", "bot", "--config", str(bad), "doctor"],
+                          capture_output=True, text=True, env=env())
+    assert done.returncode == 2 and "not valid YAML" in done.stderr
+
+
+async def test_scripted_chat_runs_shell_after_y_and_answers_after_n(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    config = write_config(tmp_path, model)
+    model.script(
+        Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo hello > out.txt"})]),
+        Reply(text="The file is written."),
+        Reply(tool_calls=[ToolCallSpec("shell", {"command": "rm out.txt"})]),
+        Reply(text="Fine, I left it."),
+    )
+    code, out, err = await tandem(config, model, "write it\ny\nremove it\nn\n/status\n")
+    assert code == 0, err
+    assert "echo hello > out.txt" in out and "The file is written." in out
+    assert "Fine, I left it." in out
+    assert "Model: openai/fake" in out and "Context:" in out
+    assert (tmp_path / "ws" / "out.txt").read_text() == "hello\n"
+    assert model.last_messages()[-1]["content"].startswith("denied")
+
+
+def _alive(pattern: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return bool(found.stdout.strip())
+
+
+async def _wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        await asyncio.sleep(0.05)
+
+
+async def test_kill_9_while_a_tool_runs_then_restart_repairs_the_history(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    config = write_config(tmp_path, model, approvals={"tools": {"shell": "allow"}})
+    model.script(Reply(tool_calls=[ToolCallSpec("shell",
+                                                {"command": "touch started; sleep 31.7"})]),
+                 Reply(text="Back after the restart."))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    assert proc.stdin is not None
+    proc.stdin.write(b"start the long job\n")
+    await proc.stdin.drain()
+    await _wait_for(tmp_path / "ws" / "started")
+    proc.kill()
+    await proc.communicate()
+    code, out, err = await tandem(config, model, "are you there?\n")
+    assert code == 0, err
+    assert "Back after the restart." in out
+    assert "restarted while answering" in out
+    tool = [m for m in model.last_messages() if m["role"] == "tool"]
+    assert tool and tool[0]["content"].startswith("interrupted")
+    assert not _alive("sleep 31.7"), "the killed Tandem left its tool process running"
+
+
+async def test_kill_9_while_an_approval_waits_then_restart_stays_valid(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    config = write_config(tmp_path, model)
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "touch never"})]),
+                 Reply(text="Moving on."))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"touch it\n")
+    await proc.stdin.drain()
+    line = b""
+    while b"Approve?" not in line:
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert line, "no approval prompt"
+    proc.kill()
+    await proc.communicate()
+    code, out, err = await tandem(config, model, "never mind that\n")
+    assert code == 0, err
+    assert "Moving on." in out
+    assert not (tmp_path / "ws" / "never").exists()
+    tool = [m for m in model.last_messages() if m["role"] == "tool"]
+    assert tool and "not run" in tool[0]["content"]
