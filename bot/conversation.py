@@ -6,9 +6,12 @@ turn costs O(new messages) rather than O(history).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from bot.context import trim
+from bot.context import sanitize, trim
 from bot.history import Msg
 from bot.loop import TurnState
 from bot.store import ConvRow
@@ -32,6 +35,8 @@ class Conversation:
     call_ids: set[str] = field(default_factory=set)
     notices: list[str] = field(default_factory=list)
     """Things to tell the user the next time they hear from Tandem (after a restart)."""
+    _prefix: _Prefix = field(default_factory=lambda: _Prefix())
+    """Sanitized wire messages of the finished turns in view (extended, never redone)."""
 
     @classmethod
     def load(cls, row: ConvRow, history: list[Msg]) -> Conversation:
@@ -48,19 +53,38 @@ class Conversation:
         self.kept += msg.tokens
         self.call_ids.update(c.id for c in msg.tool_calls)
 
-    def trim_to(self, budget: int) -> int:
-        """Drop whole turns, oldest first, never the current one. Returns turns dropped."""
+    def trim_to(self, budget: int) -> None:
+        """Drop whole turns, oldest first, never the current one."""
         scaled = int(budget / self.calibration)
-        before = self.cut
         self.cut, self.kept = trim(self.history, self.starts, self.cut, self.kept, scaled)
-        return sum(1 for s in self.starts if before <= s < self.cut)
+        self._prefix.drop_before(self.cut)
 
     @property
     def dropped_turns(self) -> int:
-        return sum(1 for s in self.starts if s < self.cut)
+        return bisect_left(self.starts, self.cut)
 
     def window(self) -> list[Msg]:
         return self.history[self.cut :]
+
+    def wire_window(self) -> list[dict[str, Any]]:
+        """The sanitized window as wire dicts.
+
+        A finished turn starts with a user message, which closes every earlier call, so
+        sanitizing turn by turn gives the same result as sanitizing the whole window
+        (call ids are unique in a session). Finished turns are sanitized once and
+        reused; only the current turn is sanitized on every call.
+        """
+        if not self.starts:
+            return []
+        current = self.starts[-1]
+        prefix = self._prefix
+        if prefix.start != self.cut or prefix.end > current:
+            prefix.reset(self.cut)
+        if prefix.end < current:  # turns finished since: sanitize each one once
+            i = bisect_left(self.starts, prefix.end)
+            for start, end in zip(self.starts[i:], self.starts[i + 1 :], strict=False):
+                prefix.add(start, end, [m.wire() for m in sanitize(self.history[start:end])])
+        return prefix.wire + [m.wire() for m in sanitize(self.history[current:])]
 
     def calibrate(self, estimated: int, actual: int) -> None:
         if estimated > 0 and actual > 0:
@@ -74,3 +98,37 @@ class Conversation:
             n += 1
             candidate = f"{call_id}_{n}"
         return candidate
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """The finished turns in view, already sanitized, as one list of wire dicts."""
+
+    start: int = 0
+    end: int = 0
+    wire: list[dict[str, Any]] = field(default_factory=list)
+    turns: deque[tuple[int, int]] = field(default_factory=deque)
+    """(start index, number of wire dicts) of each turn in `wire`."""
+
+    def reset(self, start: int) -> None:
+        self.start = self.end = start
+        self.wire = []
+        self.turns.clear()
+
+    def add(self, start: int, end: int, chunk: list[dict[str, Any]]) -> None:
+        self.wire.extend(chunk)
+        self.turns.append((start, len(chunk)))
+        self.end = end
+
+    def drop_before(self, cut: int) -> None:
+        """The cut moved forward (whole turns): forget the turns before it."""
+        if cut <= self.start:
+            return
+        if cut > self.end:
+            self.reset(cut)
+            return
+        dropped = 0
+        while self.turns and self.turns[0][0] < cut:
+            dropped += self.turns.popleft()[1]
+        del self.wire[:dropped]
+        self.start = cut

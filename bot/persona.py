@@ -8,6 +8,7 @@ for byte, so the provider's prefix cache keeps hitting.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 FILES = ("AGENT.md", "RULES.md", "USER.md", "MEMORY.md")
@@ -22,8 +23,19 @@ class Persona:
         self.dir = Path(directory)
         self.max_file_chars = max_file_chars
         self._contents: tuple[str, ...] | None = None
+        self._stats: tuple[tuple[int, ...], ...] | None = None
         self._prompt = ""
         self.fingerprint = ""
+
+    def _stat(self) -> tuple[tuple[int, ...], ...]:
+        out: list[tuple[int, ...]] = []
+        for name in FILES:
+            try:
+                st = os.stat(self.dir / name)
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            except OSError:
+                out.append(())
+        return tuple(out)
 
     def _read(self) -> tuple[str, ...]:
         out = []
@@ -35,6 +47,11 @@ class Persona:
         return tuple(out)
 
     def system_prompt(self) -> str:
+        """The prompt for the next request: re-read when any persona file changed."""
+        stats = self._stat()
+        if stats == self._stats:
+            return self._prompt
+        self._stats = stats
         contents = self._read()
         if contents != self._contents:
             self._contents = contents

@@ -15,7 +15,7 @@ from typing import Any, assert_never
 
 from bot import breakers
 from bot.config import Config
-from bot.context import check_system_fits, sanitize
+from bot.context import check_system_fits
 from bot.conversation import Conversation
 from bot.errors import ModelError, ToolError, user_message
 from bot.events import ApprovalRequested, Event, Phase, Progress, TurnEnded, User
@@ -98,9 +98,8 @@ class Runner:
 
     def request(self, conv: Conversation) -> list[dict[str, Any]]:
         """The messages for the next model call: system prompt, sanitized window, hint."""
-        messages = sanitize(conv.window())
         wire = [{"role": "system", "content": self.system_prompt()}]
-        wire.extend(m.wire() for m in messages)
+        wire.extend(conv.wire_window())
         for i in range(len(wire) - 1, 0, -1):
             if wire[i]["role"] == "user":
                 hinted = dict(wire[i])
@@ -136,9 +135,12 @@ class Runner:
             calls.append(ToolCall(conv.unique_call_id(c.id), c.name, c.arguments))
             conv.call_ids.add(calls[-1].id)
         state.steps += 1
+        usage = None
+        if completion.prompt_tokens is not None:
+            usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
         msg = await self.d.store.append_assistant(
             conv.row.id, conv.row.session,
-            Msg("assistant", completion.text, state.turn, tuple(calls)), state.steps)
+            Msg("assistant", completion.text, state.turn, tuple(calls)), state.steps, usage)
         conv.append(msg)
         state.calls.extend(CallRecord(call=c) for c in calls)
         state.last_step_plain = not calls
@@ -148,7 +150,7 @@ class Runner:
     async def _complete(self, conv: Conversation, state: TurnState, cancel: asyncio.Event,
                         scratch: _Scratch) -> Completion | None:
         messages = self.request(conv)
-        estimated = sum(estimate_tokens(str(m.get("content") or "")) + 4 for m in messages)
+        estimated = conv.kept + self.budget_fixed()
         stream = self._consume(conv, state, messages, scratch, cancel)
         task = asyncio.ensure_future(stream)
         waiter = asyncio.ensure_future(cancel.wait())
@@ -163,8 +165,6 @@ class Runner:
         completion = task.result()
         if completion is not None and completion.prompt_tokens:
             conv.calibrate(estimated, completion.prompt_tokens)
-            await self.d.store.add_usage(conv.row.id, completion.prompt_tokens,
-                                         completion.completion_tokens or 0, completion.cost)
         return completion
 
     async def _consume(self, conv: Conversation, state: TurnState, messages: list[dict[str, Any]],

@@ -278,9 +278,16 @@ class SQLiteStore:
 
         return await self._tx(fn)
 
-    async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int) -> Msg:
+    async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
+                               usage: tuple[int, int, float] | None = None) -> Msg:
+        """The model's step, its tool calls (PENDING) and its token usage, in one commit."""
         def fn(db: sqlite3.Connection) -> Msg:
             now = time.time()
+            if usage is not None:
+                db.execute(
+                    "UPDATE conversations SET prompt_tokens = prompt_tokens + ?,"
+                    " completion_tokens = completion_tokens + ?, cost = cost + ? WHERE id=?",
+                    (*usage, conv_id))
             stored = _insert_msg(db, conv_id, session, msg, now)
             db.executemany(
                 "INSERT INTO tool_calls (conv_id, call_id, turn, name, arguments, state,"

@@ -200,3 +200,51 @@ def test_trim_is_incremental_from_the_previous_cut() -> None:
 def test_a_system_prompt_larger_than_the_window_is_a_clear_error() -> None:
     with pytest.raises(ContextOverflowError, match="context window"):
         check_system_fits(50_000, 32_000, 4_000)
+
+
+def from_wire(wire: list[dict[str, object]]) -> list[Msg]:
+    out = []
+    for d in wire:
+        calls = tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                      for c in d.get("tool_calls") or [])  # type: ignore[attr-defined]
+        out.append(Msg(str(d["role"]), str(d.get("content") or ""), 0, calls,
+                       d.get("tool_call_id")))  # type: ignore[arg-type]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(0, 6))
+def test_the_turn_by_turn_window_is_as_valid_as_a_whole_sanitize(history: list[Msg],
+                                                                  drop: int) -> None:
+    from bot.conversation import Conversation
+    from bot.events import ConvKey
+    from bot.store import ConvRow
+
+    history = unique_ids(history)
+    conv = Conversation.load(ConvRow(1, ConvKey("t", "1"), 1), history)
+    if conv.starts:
+        conv.cut = conv.starts[min(drop, len(conv.starts) - 1)]
+    first = conv.wire_window()
+    assert anthropic_violations(from_wire(first)) == []
+    assert conv.wire_window() == first  # the cached turns give the same answer
+    if all(conv.history[s].role == "user" for s in conv.starts):
+        assert first == [m.wire() for m in sanitize(conv.window())]
+    conv.trim_to(conv.kept // 2)  # the cut moves: cached turns before it are forgotten
+    fresh = Conversation.load(ConvRow(1, ConvKey("t", "1"), 1), history)
+    fresh.cut = conv.cut
+    assert conv.wire_window() == fresh.wire_window()
+
+
+def unique_ids(history: list[Msg]) -> list[Msg]:
+    """Stored sessions never repeat a call id (the runner renames repeats)."""
+    seen: set[str] = set()
+    out = []
+    for m in history:
+        calls = []
+        for c in m.tool_calls:
+            if c.id not in seen:
+                seen.add(c.id)
+                calls.append(c)
+        out.append(Msg(m.role, m.content, m.turn, tuple(calls), m.tool_call_id, m.name)
+                   if m.tool_calls else m)
+    return out
