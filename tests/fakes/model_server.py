@@ -239,7 +239,8 @@ def validate_messages(messages: Any) -> _Violation | None:
 class FakeModelServer:
     """A strict, scriptable OpenAI-compatible ``/v1/chat/completions`` endpoint."""
 
-    def __init__(self, *, context_limit: int | None = None) -> None:
+    def __init__(self, *, context_limit: int | None = None, port: int = 0) -> None:
+        self._port = port
         self.context_limit = context_limit
         self.api_base: str = ""
         self.responder: Callable[[list[dict[str, Any]]], Reply] | None = None
@@ -265,7 +266,7 @@ class FakeModelServer:
             app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
         )
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", self._port)
         await site.start()
         self._runner = runner
         port = runner.addresses[0][1]
@@ -295,7 +296,7 @@ class FakeModelServer:
         """Queue replies; each accepted request consumes one (FIFO)."""
         self._queue.extend(replies)
 
-    async def wait_requests(self, n: int, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_requests(self, n: int, timeout: float = 5.0) -> None:
         """Wait until at least ``n`` requests have been received (TimeoutError otherwise)."""
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(self.requests) >= n)
