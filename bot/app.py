@@ -17,8 +17,9 @@ from bot.hub import Hub, Sink
 from bot.llm import LiteLLMClient, ModelClient, context_window
 from bot.persona import Persona
 from bot.runner import Deps
+from bot.scheduler import Scheduler
 from bot.store.sqlite import SQLiteStore
-from bot.tools import Registry, Tool, ToolContext, files, shell
+from bot.tools import Registry, Tool, ToolContext, files, shell, tasks
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class Dispatch:
 
 
 def default_tools() -> list[Tool]:
-    return [*files.TOOLS, *shell.TOOLS]
+    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS]
 
 
 def protected_paths(config: Config) -> frozenset[Path]:
@@ -70,7 +71,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
             output_chars=config.limits.tool_output_chars,
             extras={"conv": conv.row, "persona_dir": Path(config.persona.dir),
                     "track_process": store.track_process,
-                    "untrack_process": store.untrack_process, "scheduler": hub.scheduler})
+                    "untrack_process": store.untrack_process, "scheduler": hub.scheduler,
+                    "requester": conv.turn.requester if conv.turn else ""})
 
     def hint(conv: Conversation) -> str:
         used = int(conv.kept * conv.calibration)
@@ -86,4 +88,5 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
     approvers = {"telegram": {str(i) for i in config.telegram.approvers},
                  "slack": set(config.slack.approvers)}
     hub = Hub(deps, approvers)
+    hub.scheduler = Scheduler(hub, config.scheduler.timezone, config.scheduler.misfire_grace_s)
     return hub, dispatch

@@ -77,6 +77,8 @@ class Trigger:
     prompt: str
     late: bool = False
     ref: str | None = None
+    requester: str = ""
+    """Who scheduled the job (may approve its calls when unattended runs ask)."""
 
 
 @dataclass(frozen=True, slots=True)

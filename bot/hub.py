@@ -150,7 +150,7 @@ class Hub:
         if isinstance(item, Cancel):
             return self.cancel(item)
         if item.ref is not None:
-            kind, payload = _encode(item)
+            kind, payload = encode_inbound(item)
             if not await self.d.store.accept_inbound(item.ref, item.conv, kind, payload):
                 log.info("duplicate inbound %s ignored", item.ref)
                 return Receipt(False, None)
@@ -171,6 +171,11 @@ class Hub:
             return Receipt(True, "Cancelling…")
         self._enqueue(item)
         return Receipt(True)
+
+    def deliver(self, item: Inbound) -> None:
+        """Queue an inbound whose id is already recorded (scheduled runs, replays)."""
+        if not self._closing:
+            self._enqueue(item)
 
     def _enqueue(self, item: _Work) -> None:
         lane = self._lanes.setdefault(item.conv, _Lane())
@@ -251,7 +256,8 @@ class Hub:
         await self._end_suspended(conv, "superseded", Outcome.DENIED,
                                   "not run: a scheduled task started instead", None)
         refs = [item.ref] if item.ref else []
-        await self._start_turn(conv, lane, [text], f"job:{item.job_id}", True, refs)
+        await self._start_turn(conv, lane, [text], item.requester or f"job:{item.job_id}", True,
+                               refs)
 
     async def _start_turn(self, conv: Conversation, lane: _Lane, texts: list[str],
                           requester: str, unattended: bool, refs: list[str]) -> None:
@@ -463,14 +469,15 @@ def _args(record: CallRecord) -> dict[str, object]:
     return parse_arguments(record.call.arguments)
 
 
-def _encode(item: Inbound) -> tuple[str, str]:
+def encode_inbound(item: Inbound) -> tuple[str, str]:
     match item:
         case UserMessage():
             return "message", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
                                           "text": item.text, "context": item.context})
         case Trigger():
             return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
-                                          "prompt": item.prompt, "late": item.late})
+                                          "prompt": item.prompt, "late": item.late,
+                                          "requester": item.requester})
         case _:
             return type(item).__name__.lower(), "{}"
 
@@ -484,7 +491,8 @@ def _decode(kind: str, payload: str, ref: str) -> Inbound | None:
             return UserMessage(conv, User(**data["user"]), data["text"], ref=ref,
                                context=data.get("context"))
         if kind == "trigger":
-            return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref)
+            return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
+                           requester=data.get("requester", ""))
     except (ValueError, KeyError, TypeError):
         log.warning("could not replay inbound %s", ref)
     return None

@@ -49,9 +49,11 @@ async def _serve(config: Config, chat: bool) -> int:
         if not names:
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
+            await hub.scheduler.start()
             await console.run()
         else:
             await hub.recover()
+            await hub.scheduler.start()
             await _wait_for_signal()
         return 0
     except TandemError as exc:

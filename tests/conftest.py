@@ -104,9 +104,11 @@ class Core:
     async def __aenter__(self) -> Core:
         await self.hub.d.store.open()
         await self.hub.recover()
+        await self.hub.scheduler.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.hub.scheduler.shutdown()
         await self.hub.close()
         await self.hub.d.store.close()
 

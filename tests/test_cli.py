@@ -158,3 +158,31 @@ async def test_kill_9_while_an_approval_waits_then_restart_stays_valid(
     assert not (tmp_path / "ws" / "never").exists()
     tool = [m for m in model.last_messages() if m["role"] == "tool"]
     assert tool and "not run" in tool[0]["content"]
+
+
+async def test_kill_9_during_a_scheduled_turn_does_not_run_that_slot_again(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    config = write_config(tmp_path, model)
+    model.script(
+        Reply(tool_calls=[ToolCallSpec("schedule_task", {"when": "in 2 seconds",
+                                                         "prompt": "Say the scheduled words"})]),
+        Reply(text="Scheduled."),
+        Reply(text=" ".join(f"w{i}" for i in range(300)), chunk_delay=0.05))
+    model.responder = lambda _m: Reply(text="Hello again.")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    assert proc.stdin is not None
+    proc.stdin.write(b"schedule it\n")
+    await proc.stdin.drain()
+    await model.wait_requests(3, timeout=30)
+    await asyncio.sleep(0.3)  # the scheduled turn is streaming
+    proc.kill()
+    await proc.communicate()
+    code, out, err = await tandem(config, model, "hello\n")
+    assert code == 0, err
+    assert "Hello again." in out
+    runs = [r for r in model.requests
+            if "[Scheduled task" in [m for m in r["messages"] if m["role"] == "user"][-1]
+            ["content"]]
+    assert len(runs) == 1

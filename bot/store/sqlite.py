@@ -64,7 +64,7 @@ MIGRATIONS: list[str] = [
     """
     CREATE TABLE jobs (
         id TEXT PRIMARY KEY, conv_id INTEGER NOT NULL, spec TEXT NOT NULL, kind TEXT NOT NULL,
-        prompt TEXT NOT NULL, created_by TEXT NOT NULL, last_slot REAL,
+        anchor REAL NOT NULL, prompt TEXT NOT NULL, created_by TEXT NOT NULL, last_slot REAL,
         active INTEGER NOT NULL DEFAULT 1, created_at REAL NOT NULL);
     CREATE TABLE processes (pid INTEGER PRIMARY KEY, started_at REAL NOT NULL);
     """,
@@ -401,18 +401,18 @@ class SQLiteStore:
     # -- jobs -------------------------------------------------------------------------
 
     _JOB_SQL = ("SELECT j.id, j.conv_id, c.platform, c.chat_id, c.thread_id, j.spec, j.kind,"
-                " j.prompt, j.created_by, j.last_slot, j.active FROM jobs j"
+                " j.prompt, j.created_by, j.last_slot, j.active, j.anchor FROM jobs j"
                 " JOIN conversations c ON c.id = j.conv_id")
 
     @staticmethod
     def _job(r: tuple[Any, ...]) -> JobRow:
-        return JobRow(r[0], r[1], _key(r, 2), r[5], r[6], r[7], r[8], r[9], bool(r[10]))
+        return JobRow(r[0], r[1], _key(r, 2), r[5], r[6], r[7], r[8], r[9], bool(r[10]), r[11])
 
     async def add_job(self, row: JobRow) -> None:
         await self._run(lambda db: db.execute(
-            "INSERT INTO jobs (id, conv_id, spec, kind, prompt, created_by, last_slot, active,"
-            " created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (row.id, row.conv_id, row.spec, row.kind, row.prompt, row.created_by,
+            "INSERT INTO jobs (id, conv_id, spec, kind, anchor, prompt, created_by, last_slot,"
+            " active, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (row.id, row.conv_id, row.spec, row.kind, row.anchor, row.prompt, row.created_by,
              row.last_slot, int(row.active), time.time())))
 
     async def jobs(self, conv_id: int | None = None) -> list[JobRow]:
@@ -433,11 +433,25 @@ class SQLiteStore:
 
         return await self._run(fn)
 
-    async def claim_slot(self, job_id: str, slot: float) -> bool:
-        """Record that the run for `slot` starts; False if it (or a later one) already did."""
-        return await self._run(lambda db: db.execute(
-            "UPDATE jobs SET last_slot=? WHERE id=? AND active=1 AND"
-            " (last_slot IS NULL OR last_slot < ?)", (slot, job_id, slot)).rowcount == 1)
+    async def claim_slot(self, job_id: str, slot: float, ref: str, conv: ConvKey,
+                         payload: str, *, last: bool = False) -> bool:
+        """Claim the run for `slot` and record its inbound, in one commit.
+
+        False if this slot (or a later one) was already claimed, so a slot never runs
+        twice, also after a crash mid-run. `last` retires a one-shot job.
+        """
+        def fn(db: sqlite3.Connection) -> bool:
+            claimed = db.execute(
+                "UPDATE jobs SET last_slot=?, active=? WHERE id=? AND active=1 AND"
+                " (last_slot IS NULL OR last_slot < ?)",
+                (slot, 0 if last else 1, job_id, slot)).rowcount == 1
+            if claimed:
+                db.execute("INSERT OR IGNORE INTO inbound (ref, conv, kind, payload, done,"
+                           " received_at) VALUES (?,?,?,?,0,?)",
+                           (ref, str(conv), "trigger", payload, time.time()))
+            return claimed
+
+        return await self._tx(fn)
 
     async def deactivate_job(self, job_id: str) -> bool:
         return await self._run(lambda db: db.execute(

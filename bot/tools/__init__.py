@@ -39,12 +39,16 @@ class Tool:
     """Default approval policy: allow | ask | deny."""
     summary_key: str | None = None
     """The argument shown (and bound by "always" rules); None shows all arguments."""
+    render: Callable[[dict[str, Any]], str] | None = None
+    """A custom approval-card summary; it must show everything the call will do."""
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def summary(self, args: dict[str, Any]) -> str:
+        if self.render is not None:
+            return self.render(args)
         if self.summary_key and isinstance(args.get(self.summary_key), str):
             rest = {k: v for k, v in args.items() if k != self.summary_key}
             head = str(args[self.summary_key])

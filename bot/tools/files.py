@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,78 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"wrote {len(content.encode())} bytes to {args['path']}"
 
 
+def occurrences(text: str, needle: str) -> list[int]:
+    """Every index where `needle` starts in `text`, overlapping ones included."""
+    found, start = [], text.find(needle)
+    while start != -1:
+        found.append(start)
+        start = text.find(needle, start + 1)
+    return found
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write `data` over `path` atomically, keeping its permission bits."""
+    mode = path.stat().st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> str:
+    raw = require_str(args, "path")
+    old = require_str(args, "old")
+    new = require_str(args, "new", allow_empty=True)
+    path = resolve(ctx, raw)
+    if not path.is_file():
+        raise ToolError(f"{raw!r} is not a file; use write_file to create one")
+    if old == new:
+        raise ToolError("`old` and `new` are identical; there is nothing to change")
+
+    def edit() -> str:
+        data = path.read_bytes()
+        if len(data) > MAX_READ_BYTES:
+            raise ToolError(f"{raw!r} is larger than {MAX_READ_BYTES:,} bytes; "
+                            "edit it with the shell tool instead")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{raw!r} is not UTF-8 text; edit_file only changes text files") \
+                from None
+        found = occurrences(text, old)
+        if not found:
+            raise ToolError(f"`old` was not found in {raw!r}; read the file and copy the exact "
+                            "text to replace, including whitespace and line breaks")
+        if len(found) > 1:
+            raise ToolError(f"`old` occurs {len(found)} times in {raw!r}; include more of the "
+                            "surrounding text so it matches exactly once")
+        at = found[0]
+        _replace_file(path, (text[:at] + new + text[at + len(old):]).encode("utf-8"))
+        line = text.count("\n", 0, at) + 1
+        return f"edited {raw}: replaced {len(old)} characters with {len(new)} at line {line}"
+
+    return await asyncio.to_thread(edit)
+
+
+def _shown_path(path: str) -> str:
+    return path if path.isprintable() and not path.startswith('"') else json.dumps(path)
+
+
+def edit_summary(args: dict[str, Any]) -> str:
+    """The whole change on the approval card: path, the text replaced and its replacement."""
+    path, old, new = args.get("path"), args.get("old"), args.get("new")
+    if not (isinstance(path, str) and isinstance(old, str) and isinstance(new, str)):
+        return json.dumps(args, ensure_ascii=False, indent=1, sort_keys=True)
+    return (f"{_shown_path(path)}\n"
+            f"--- old ({len(old)} characters)\n{old}\n"
+            f"+++ new ({len(new)} characters)\n{new}")
+
+
 PATH = {"type": "string", "description": "Path relative to the workspace"}
 
 TOOLS = [
@@ -73,4 +148,14 @@ TOOLS = [
     Tool("write_file", "Create or overwrite a text file in the workspace.",
          {"type": "object", "properties": {"path": PATH, "content": {"type": "string"}},
           "required": ["path", "content"]}, write_file, policy="ask", summary_key="path"),
+    Tool("edit_file",
+         "Replace one exact piece of text in a workspace file. `old` must occur exactly once "
+         "in the file (copy it verbatim, with enough surrounding lines to be unique); it is "
+         "replaced by `new`. Prefer this to write_file for changing part of a file.",
+         {"type": "object", "properties": {
+             "path": PATH,
+             "old": {"type": "string", "description": "The exact text to replace"},
+             "new": {"type": "string", "description": "The replacement text (may be empty)"}},
+          "required": ["path", "old", "new"]},
+         edit_file, policy="ask", summary_key="path", render=edit_summary),
 ]
