@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import litellm  # noqa: F401  (imported once up front: the first import takes seconds)
 import pytest
 
 from bot.app import build

@@ -310,3 +310,46 @@ async def test_old_turns_are_trimmed_whole(model: FakeModelServer, config_factor
     assert last[1]["role"] == "user"
     assert "question 7" in last[-1]["content"]
     assert not any("question 0" in (m.get("content") or "") for m in last)
+
+
+async def test_arguments_changed_after_the_card_was_shown_are_refused(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    import sqlite3
+
+    config = config_factory()
+    model.script(shell("echo shown"), Reply(text="It was refused."))
+    async with Core(config) as core:
+        await core.say("run it")
+        [asked] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+    db = sqlite3.connect(tmp_path / "tandem.db")
+    db.execute("""UPDATE tool_calls SET arguments='{"command": "touch swapped"}'""")
+    db.commit()
+    db.close()
+    async with Core(config) as fresh:
+        await fresh.hub.submit(Decision(fresh.key, fresh.user, asked.approval_id,
+                                        Verdict.APPROVE))
+        [ended] = await fresh.sink.ended()
+    assert ended.text == "It was refused."
+    assert not (tmp_path / "workspace" / "swapped").exists()
+    tool = [m for m in model.last_messages() if m["role"] == "tool"]
+    assert "differs from the one that was approved" in tool[0]["content"]
+
+
+async def test_an_approval_older_than_the_expiry_at_restart_is_denied_with_a_notice(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    config = config_factory(approvals__expire_after_s=1)
+    model.script(shell("touch never"), Reply(text="Not approved in time."))
+    async with Core(config) as core:
+        await core.say("run it")
+        [asked] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+        core.hub._closing = True  # stop before the expiry timer fires, like a crash
+    await asyncio.sleep(1.2)
+    async with Core(config) as fresh:
+        [ended] = await fresh.sink.ended()
+        notices = [n.text for n in fresh.sink.of(Notice)]
+        late = await fresh.hub.submit(Decision(fresh.key, fresh.user, asked.approval_id,
+                                               Verdict.APPROVE))
+    assert ended.text == "Not approved in time."
+    assert any("expired" in n for n in notices)
+    assert not late.accepted and "expired" in (late.note or "")
+    assert not (tmp_path / "workspace" / "never").exists()
