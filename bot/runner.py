@@ -30,6 +30,7 @@ from bot.tools import Registry, ToolContext, cap, parse_arguments
 log = logging.getLogger(__name__)
 CANCEL_EVERY_CHUNKS = 8
 HINT_RESERVE_TOKENS = 200
+PROGRESS_TICK_S = 5.0
 
 Emit = Callable[[Event], Awaitable[None]]
 
@@ -263,7 +264,11 @@ class Runner:
         task = asyncio.ensure_future(tool.run(self.d.tool_context(conv), args))
         waiter = asyncio.ensure_future(cancel.wait())
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            while not (task.done() or waiter.done()):  # a tick so "for how long" stays true
+                await asyncio.wait({task, waiter}, timeout=PROGRESS_TICK_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not (task.done() or waiter.done()):
+                    await self._emit_progress(conv, state, Phase.TOOL, scratch, call.name)
         finally:
             waiter.cancel()
         if not task.done():

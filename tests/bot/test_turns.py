@@ -353,3 +353,14 @@ async def test_an_approval_older_than_the_expiry_at_restart_is_denied_with_a_not
     assert any("expired" in n for n in notices)
     assert not late.accepted and "expired" in (late.note or "")
     assert not (tmp_path / "workspace" / "never").exists()
+
+
+async def test_a_failing_model_falls_back_to_the_next_one(model: FakeModelServer,
+                                                          config_factory: Any) -> None:
+    model.script(Reply(fault="500"), Reply(text="from the backup"))
+    config = config_factory(llm__retries=0, llm__fallbacks=["openai/backup"])
+    async with Core(config) as core:
+        await core.say("hello")
+        [ended] = await core.sink.ended()
+    assert ended.text == "from the backup"
+    assert [r["model"] for r in model.requests] == ["fake", "backup"]
