@@ -19,7 +19,7 @@ from bot.persona import Persona
 from bot.runner import Deps
 from bot.scheduler import Scheduler
 from bot.store.sqlite import SQLiteStore
-from bot.tools import Registry, Tool, ToolContext, files, shell, tasks
+from bot.tools import Registry, Tool, ToolContext, files, memory, shell, tasks, web
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Dispatch:
 
 
 def default_tools() -> list[Tool]:
-    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS]
+    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS, *web.TOOLS, *memory.TOOLS]
 
 
 def protected_paths(config: Config) -> frozenset[Path]:
@@ -72,6 +72,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
             extras={"conv": conv.row, "persona_dir": Path(config.persona.dir),
                     "track_process": store.track_process,
                     "untrack_process": store.untrack_process, "scheduler": hub.scheduler,
+                    "web_fetch": config.tools.web_fetch,
+                    "persona_max_chars": config.persona.max_file_chars,
                     "requester": conv.turn.requester if conv.turn else ""})
 
     def hint(conv: Conversation) -> str:
@@ -79,8 +81,11 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
         now = datetime.fromtimestamp(time.time(), tz)
         dropped = conv.dropped_turns
         older = f"; {dropped} older turns are out of view" if dropped else ""
+        jobs = len(hub.scheduler.active.get(conv.row.id, ())) if hub.scheduler else 0
+        tasks_note = f" Scheduled tasks here: {jobs} (list_tasks shows them)." if jobs else ""
         return (f"[Current state; earlier state notes are stale. Time: "
-                f"{now:%Y-%m-%d %H:%M %Z}. Context: ~{used:,} of {window:,} tokens{older}.]")
+                f"{now:%Y-%m-%d %H:%M %Z}. Context: ~{used:,} of {window:,} tokens{older}."
+                f"{tasks_note}]")
 
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, persona=persona, emit=dispatch.emit,

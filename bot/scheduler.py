@@ -38,6 +38,8 @@ class Scheduler:
         self.tz = ZoneInfo(timezone)
         self.grace = misfire_grace_s
         self._aps: AsyncIOScheduler | None = None
+        self.active: dict[int, set[str]] = {}
+        """Active job ids per conversation (for the per-request state note)."""
 
     async def start(self) -> None:
         """Register every stored job; run once what was missed while stopped."""
@@ -45,6 +47,7 @@ class Scheduler:
         self._aps.start()
         now = datetime.now(self.tz)
         for job in await self.store.jobs():
+            self.active.setdefault(job.conv_id, set()).add(job.id)
             trigger = self.trigger(job)
             since = datetime.fromtimestamp(job.last_slot or job.anchor, self.tz)
             if job.kind == "date" and job.last_slot is None:
@@ -102,6 +105,8 @@ class Scheduler:
                                            last=job.kind == "date"):
             log.info("job %s slot %.0f already ran", job_id, slot)
             return False
+        if job.kind == "date":
+            self.active.get(job.conv_id, set()).discard(job_id)
         log.info("job %s fires for slot %.0f%s", job_id, slot, " (late)" if late else "")
         self.hub.deliver(trigger)
         return True
@@ -122,6 +127,7 @@ class Scheduler:
                      created_by, None if spec.kind == "date" else now, True, anchor)
         await self.store.add_job(job)
         self._register(job, self.trigger(job))
+        self.active.setdefault(conv.id, set()).add(job.id)
         return job
 
     def next_run(self, job_id: str) -> datetime | None:
@@ -135,6 +141,7 @@ class Scheduler:
         if job is None or job.conv_id != conv_id or not job.active:
             return f"There is no active task {job_id} in this conversation."
         await self.store.deactivate_job(job_id)
+        self.active.get(conv_id, set()).discard(job_id)
         if self._aps is not None and self._aps.get_job(job_id) is not None:
             self._aps.remove_job(job_id)
         return f"Cancelled the task {job_id} ({job.spec}: {job.prompt})."
