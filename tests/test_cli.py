@@ -186,3 +186,28 @@ async def test_kill_9_during_a_scheduled_turn_does_not_run_that_slot_again(
             if "[Scheduled task" in [m for m in r["messages"] if m["role"] == "user"][-1]
             ["content"]]
     assert len(runs) == 1
+
+
+async def test_ctrl_c_cancels_the_turn_not_the_program(model: FakeModelServer,
+                                                       tmp_path: Path) -> None:
+    import signal
+
+    config = write_config(tmp_path, model)
+    model.script(Reply(text=" ".join(f"w{i}" for i in range(400)), chunk_delay=0.02),
+                 Reply(text="Still here."))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    assert proc.stdin is not None
+    proc.stdin.write(b"talk a lot\n")
+    await proc.stdin.drain()
+    await model.wait_requests(1, timeout=30)
+    await asyncio.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    await asyncio.sleep(0.5)
+    proc.stdin.write(b"are you still there?\n")
+    await proc.stdin.drain()
+    proc.stdin.close()
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    assert "Cancelled." in out.decode() and "Still here." in out.decode()
