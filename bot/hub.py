@@ -197,6 +197,7 @@ class Hub:
                 except Exception as exc:
                     log.error("failed to handle %s in %s", type(item).__name__, key,
                               exc_info=True)
+                    self._convs.pop(key, None)  # reload (and repair) from the store next time
                     await self._safe_emit(Notice(key, user_message(exc)))
         finally:
             lane.task = None
@@ -440,7 +441,7 @@ class Hub:
             if not asking:
                 conv.turn = None
             what = f" (`{'`, `'.join(interrupted)}` was interrupted)" if interrupted else ""
-            conv.notices.append(f"Tandem restarted while answering here{what}. "
+            conv.notices.append(f"An earlier answer here was interrupted{what}. "
                                 "Send your message again if you still need the answer.")
         conv.trim_to(self.runner.budget())
         return conv
