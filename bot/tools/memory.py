@@ -39,9 +39,10 @@ def target_file(raw: Any) -> str:
 
 
 def _today(ctx: ToolContext) -> str:
+    """Today's date in the configured zone when one is given, else the machine's."""
     tz = ctx.extras.get("tz")
-    now = datetime.now(tz if isinstance(tz, tzinfo) else UTC)
-    return now.astimezone(tz if isinstance(tz, tzinfo) else None).strftime("%Y-%m-%d")
+    zone = tz if isinstance(tz, tzinfo) else None
+    return datetime.now(UTC).astimezone(zone).strftime("%Y-%m-%d")
 
 
 async def remember(ctx: ToolContext, args: dict[str, Any]) -> str:
