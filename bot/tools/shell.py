@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import re
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 from bot.errors import ToolError
@@ -16,20 +17,13 @@ from bot.tools import Tool, ToolContext, cap, require_str
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|^TANDEM_",
                          re.IGNORECASE)
-PR_SET_PDEATHSIG = 1
+SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
 
 def clean_env(environ: dict[str, str], secrets: list[str]) -> dict[str, str]:
     """The environment a tool sees: no variable that names or holds a secret."""
     return {k: v for k, v in environ.items()
             if not SECRET_NAME.search(k) and not any(s and s in v for s in secrets)}
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def kill_group(pid: int) -> None:
@@ -40,10 +34,11 @@ def kill_group(pid: int) -> None:
 async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
     command = require_str(args, "command")
     ctx.workspace.mkdir(parents=True, exist_ok=True)
-    spawn = asyncio.ensure_future(asyncio.create_subprocess_shell(
-        command, cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
+    spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        sys.executable, "-S", "-I", SUPERVISOR, command, str(os.getpid()),
+        cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True, preexec_fn=_die_with_parent,
+        start_new_session=True,
     ))
     try:
         proc = await asyncio.shield(spawn)
