@@ -26,7 +26,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -39,6 +39,14 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters import slack_render as render
 from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater
+from adapters.slack_render import (
+    PLATFORM,
+    Incoming,
+    extract_message,
+    parse_command,
+    slack_text,
+    stranger_text,
+)
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, unpack
 from bot.config import Config
@@ -46,7 +54,6 @@ from bot.errors import ConfigError, TandemError
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
-    Attachment,
     Cancel,
     Command,
     ConvKey,
@@ -63,7 +70,6 @@ from bot.events import (
 )
 from bot.hub import Hub
 
-PLATFORM = "slack"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Live = LiveMessage[str | None]
@@ -78,11 +84,6 @@ class SlackUnavailable(TandemError):
     """Slack could not be reached at start."""
 
 
-def stranger_text(user_id: str) -> str:
-    return (f"Sorry, you are not on Tandem's allowed list. Your Slack user id is `{user_id}`; "
-            "an admin can add it to slack.allowed_users.")
-
-
 def _retry_after(exc: BaseException) -> float | None:
     """Seconds to wait before trying again, or None when retrying cannot help."""
     if isinstance(exc, SlackApiError):
@@ -95,79 +96,16 @@ def _retry_after(exc: BaseException) -> float | None:
     return 2.0  # network trouble
 
 
+def _ts_order(ts: str) -> tuple[int, ...]:
+    """Slack timestamps ("1700000000.000100") in time order."""
+    return tuple(int(p) for p in ts.split(".") if p.isdigit())
+
+
 def _remember(store: OrderedDict[Any, Any], key: Any, value: Any = True) -> None:
     store[key] = value
     store.move_to_end(key)
     while len(store) > MEMORY:
         store.popitem(last=False)
-
-
-
-# -- pure: Slack payloads to Tandem's terms ------------------------------------------------
-
-_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
-_COMMAND = re.compile(r"/([a-z]+)(?:\s+(.*))?", re.S)
-_LINK = re.compile(r"<((?:https?|mailto):[^|>]+)(?:\|([^>]+))?>")
-
-
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """A user's message, normalized."""
-
-    conv: ConvKey
-    channel: str
-    ts: str
-    user: str
-    team: str | None
-    text: str
-    thread: str | None
-    """The thread the message was posted in (None at the top of a channel or DM)."""
-    addressed: bool
-    """To Tandem for sure (a DM or a mention); otherwise only if Tandem is in the thread."""
-    dm: bool
-    attachments: tuple[Attachment, ...] = ()
-
-
-def slack_text(text: str, bot_user: str) -> str:
-    """Slack's message markup to plain text: the bot's mention removed, links and
-    entities undone."""
-    text = text.replace(f"<@{bot_user}>", " ").strip()
-    text = _LINK.sub(lambda m: f"{m.group(2)} ({m.group(1)})" if m.group(2) else m.group(1),
-                     text)
-    text = re.sub(r"[ \t]{2,}", " ", text)
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-
-
-def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
-    """The message Tandem may answer, or None (edits, other bots, unmentioned channel talk)."""
-    user = event.get("user")
-    if event.get("subtype") not in _SUBTYPES or event.get("bot_id") or not user \
-            or user == bot_user:
-        return None
-    channel, ts = str(event["channel"]), str(event["ts"])
-    raw = str(event.get("text") or "")
-    thread = str(event["thread_ts"]) if event.get("thread_ts") not in (None, ts) else None
-    dm = event.get("channel_type") == "im"
-    mentioned = event.get("type") == "app_mention" or f"<@{bot_user}>" in raw
-    if dm:
-        key = thread
-    elif mentioned or thread:
-        key = thread or ts
-    else:
-        return None
-    files = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
-                             int(f.get("size") or 0)) for f in event.get("files") or ())
-    return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, str(user),
-                    event.get("user_team") or event.get("team"), slack_text(raw, bot_user),
-                    thread, dm or mentioned, dm, files)
-
-
-def parse_command(text: str) -> tuple[str, str] | None:
-    """`/name args` (a word of letters after the slash), or None for ordinary text."""
-    match = _COMMAND.fullmatch(text.strip())
-    if match is None:
-        return None
-    return match.group(1), (match.group(2) or "").strip()
 
 
 class SlackAdapter:
@@ -234,13 +172,22 @@ class SlackAdapter:
             await self.stop()
             raise ConfigError("slack.app_token", "was rejected by Slack "
                               f"({exc.response.get('error')})") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            await self.stop()
+            raise SlackUnavailable(f"slack: cannot open the Socket Mode connection "
+                                   f"({type(exc).__name__})") from None
 
     async def _start_http(self, app: AsyncApp) -> None:
         http = self.slack.http
         self._runner = web.AppRunner(app.web_app(path=http.path), handle_signals=False,
                                      access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, http.host, http.port).start()
+        try:
+            await web.TCPSite(self._runner, http.host, http.port).start()
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError("slack.http.port", f"cannot listen on {http.host}:{http.port} "
+                              f"({exc.strerror})") from None
         host, port = self._runner.addresses[0][:2]
         self.url = f"http://{host}:{port}{http.path}"
         log.info("slack: listening for events on %s", self.url)
@@ -355,7 +302,8 @@ class SlackAdapter:
         _remember(self._threads, (channel, thread))
         if any(self._mine(m) for m in messages):
             return None
-        earlier = [m for m in messages if str(m.get("ts", "")) < ts and not self._mine(m)]
+        earlier = [m for m in messages
+                   if _ts_order(str(m.get("ts", ""))) < _ts_order(ts) and not self._mine(m)]
         lines = [f"{await self._name(str(m.get('user', '')))}: "
                  f"{slack_text(str(m.get('text') or ''), self.bot_user)}"
                  for m in earlier[-CONTEXT_MESSAGES:]]
@@ -479,6 +427,9 @@ class SlackAdapter:
         except (*NETWORK_ERRORS, RetryLater):
             log.error("slack: could not show %s in %s", type(event).__name__, event.conv,
                       exc_info=True)
+        except RuntimeError:  # aiohttp: "Session is closed" when stop() came mid-call
+            if not self._closed:
+                raise
 
     async def _render(self, event: Event) -> None:
         match event:
@@ -538,11 +489,11 @@ class SlackAdapter:
     async def _live_post(self, conv: ConvKey, text: str, live: bool) -> str | None:
         if self._closed:
             return None
-        blocks = [b for part in render.message(text, cancel=live) for b in part]
+        out = render.live(text, cancel=live)
         try:
             resp = await self.client.chat_postMessage(
-                channel=conv.chat_id, thread_ts=conv.thread_id, text=render.fallback(text),
-                blocks=blocks)
+                channel=conv.chat_id, thread_ts=conv.thread_id, text=out.text,
+                blocks=out.blocks)
         except NETWORK_ERRORS as exc:
             self._limited(conv.chat_id, exc)
             log.error("slack: could not post in %s", conv, exc_info=True)
@@ -552,10 +503,10 @@ class SlackAdapter:
     async def _live_edit(self, conv: ConvKey, ts: str | None, text: str, live: bool) -> None:
         if self._closed or ts is None:
             return
-        blocks = [b for part in render.message(text, cancel=live) for b in part]
+        out = render.live(text, cancel=live)
         try:
-            await self.client.chat_update(channel=conv.chat_id, ts=ts,
-                                          text=render.fallback(text), blocks=blocks)
+            await self.client.chat_update(channel=conv.chat_id, ts=ts, text=out.text,
+                                          blocks=out.blocks)
         except NETWORK_ERRORS as exc:
             self._limited(conv.chat_id, exc)
             log.warning("slack: could not edit %s in %s", ts, conv, exc_info=True)
@@ -584,14 +535,15 @@ class SlackAdapter:
             channel=conv.chat_id)
 
     async def _post(self, conv: ConvKey, text: str, buttons: tuple[Any, ...] = ()) -> None:
-        for blocks in render.message(text, buttons=buttons):
-            await self._post_blocks(conv, render.fallback(text), blocks)
+        for out in render.messages(text, buttons):
+            await self._post_blocks(conv, out.text, out.blocks)
 
     async def _ephemeral(self, conv: ConvKey, user: str, text: str) -> None:
         try:
-            await self._call(lambda: self.client.chat_postEphemeral(
-                channel=conv.chat_id, user=user, thread_ts=conv.thread_id,
-                text=render.fallback(text), blocks=render.sections(text)[:4]), deadline=30.0)
+            for out in render.messages(text):
+                await self._call(partial(
+                    self.client.chat_postEphemeral, channel=conv.chat_id, user=user,
+                    thread_ts=conv.thread_id, text=out.text, blocks=out.blocks), deadline=30.0)
         except NETWORK_ERRORS:
             log.warning("slack: could not tell %s privately in %s", user, conv, exc_info=True)
 

@@ -1,8 +1,10 @@
-"""Slack rendering: Markdown to mrkdwn, and the Block Kit the adapter posts.
+"""Slack's formats, both ways, as pure functions (no I/O; `adapters.slack` does that).
 
-Pure functions only (no I/O). Limits that matter here: a section's text holds at most
-3,000 characters, a message at most 50 blocks, a button value 2,000 characters. Every
-message also carries a plain `text` fallback (notifications, screen readers).
+Out: Markdown to mrkdwn, and the Block Kit messages and approval cards the adapter posts.
+Limits that matter: a section's text holds at most 3,000 characters, a message at most 50
+blocks, a button value 2,000 characters; every message also carries a plain `text`
+fallback (notifications, screen readers). In: a Slack event as an `Incoming` message (or
+None when it is not for Tandem), Slack's markup as plain text, `/commands`.
 """
 
 from __future__ import annotations
@@ -10,19 +12,22 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from adapters.live import split_text
 from bot.buttons import ApprovalButton, CancelButton, pack
-from bot.events import Button, Phase, Progress, User, Verdict
+from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
 
 Block = dict[str, Any]
+PLATFORM = "slack"
 
 SECTION_CHARS = 2_900
 """Text per section block (Slack allows 3,000; the rest is headroom)."""
 CODE_CHARS = 2_800
 """Call summary per card section, before the code fence around it."""
 MAX_BUTTONS = 25
+FALLBACK_CHARS = 3_000
 SECTIONS_PER_MESSAGE = 4
 """Slack documents 50 blocks, but rejects messages whose blocks hold much over ~13,000
 characters (`msg_blocks_too_long`), so a message carries at most 4 full sections."""
@@ -36,12 +41,13 @@ OUTCOMES = {"approved": "✅ Approved by {by}", "denied": "❌ Denied by {by}",
             "always": "✅ Always allowed in this chat by {by}",
             "expired": "⌛ Expired — not run", "cancelled": "⏹ Cancelled — not run",
             "superseded": "↪️ Skipped — a new message came first"}
-_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
+_USER_ID = re.compile(r"[UW][A-Z0-9]+")
 
 # ---- Markdown -> mrkdwn ----------------------------------------------------------------
 
 _FENCED = re.compile(r"```[^\n`]*\n?(.*?)(?:```|\Z)", re.S)
 _INLINE_CODE = re.compile(r"`([^`\n]+)`")
+_MENTION = re.compile(r"<@[UW][A-Z0-9]+>")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)", re.M)
@@ -58,6 +64,7 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+@lru_cache(maxsize=512)
 def to_mrkdwn(markdown: str) -> str:
     """Common Markdown (as models write it) to Slack mrkdwn; code is kept verbatim."""
     out: list[str] = []
@@ -79,6 +86,7 @@ def _inline(text: str) -> str:
         return f"{_SLOT}{len(slots) - 1}{_SLOT}"
 
     text = _INLINE_CODE.sub(lambda m: keep(f"`{escape(m.group(1))}`"), text)
+    text = _MENTION.sub(lambda m: keep(m.group(0)), text)  # a user mention, never <!here>
     text = _LINK.sub(lambda m: keep(f"<{escape(m.group(2))}|"
                                     f"{escape(m.group(1)).replace('|', '¦')}>"), text)
     text = _QUOTE.sub(r"\1>", escape(text))
@@ -123,26 +131,36 @@ def sections(markdown: str) -> list[Block]:
     return [section(part) for part in split_text(rendered, SECTION_CHARS)]
 
 
-def fallback(markdown: str) -> str:
-    """The plain `text` that travels with the blocks (shown in notifications)."""
-    return to_mrkdwn(markdown)[:3_000] or "…"
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message: its blocks and the plain `text` that travels with them (shown in
+    notifications; Slack warns when it is missing)."""
+
+    text: str
+    blocks: list[Block]
 
 
-def message(markdown: str, *, cancel: bool = False,
-            buttons: Sequence[Button] = ()) -> list[list[Block]]:
-    """One or more messages' blocks for a text (a long text continues in more messages);
-    the buttons go on the last one."""
+def _outgoing(body: list[Block], tail: list[Block]) -> Outgoing:
+    text = "\n".join(b["text"]["text"] for b in body)
+    return Outgoing(text[:FALLBACK_CHARS] or "…", body + tail)
+
+
+def live(markdown: str, *, cancel: bool) -> Outgoing:
+    """One part of a streamed answer (at most `SECTION_CHARS` of Markdown) as one message,
+    with the Cancel button while the turn runs."""
+    tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton()))]) if cancel else []
+    return _outgoing(sections(markdown), tail)
+
+
+def messages(markdown: str, buttons: Sequence[Button] = ()) -> list[Outgoing]:
+    """A text of any length as messages of a few sections each; buttons on the last."""
     body = sections(markdown)
-    tail: list[Block] = []
-    if cancel:
-        tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton()))])
-    elif buttons:
-        tail = actions([button(b.label, f"{BUTTON_ACTION}_{i}", b.data)
-                        for i, b in enumerate(buttons)])
-    room = SECTIONS_PER_MESSAGE
-    chunks = [body[i:i + room] for i in range(0, len(body), room)] or [[]]
-    chunks[-1] = chunks[-1] + tail
-    return chunks
+    per = SECTIONS_PER_MESSAGE
+    chunks = [body[i:i + per] for i in range(0, len(body), per)]
+    tail = actions([button(b.label, f"{BUTTON_ACTION}_{i}", b.data)
+                    for i, b in enumerate(buttons)])
+    return [_outgoing(chunk, tail if i == len(chunks) - 1 else [])
+            for i, chunk in enumerate(chunks)]
 
 
 def progress_text(event: Progress) -> str:
@@ -229,3 +247,75 @@ def approval_card(approval_id: str, tool: str, summary: str, requester: User,
     note = (f"{head}\nThe call is too long for this card; it is shown in full in the "
             f"{len(preamble)} messages just above.")
     return Card(text, [section(note), foot], buttons, preamble)
+
+
+# ---- inbound: Slack payloads in Tandem's terms ---------------------------------------
+
+_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
+_COMMAND = re.compile(r"/([a-z]+)(?:\s+(.*))?", re.S)
+_SLACK_LINK = re.compile(r"<((?:https?|mailto):[^|>]+)(?:\|([^>]+))?>")
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A user's message, normalized."""
+
+    conv: ConvKey
+    channel: str
+    ts: str
+    user: str
+    team: str | None
+    text: str
+    thread: str | None
+    """The thread the message was posted in (None at the top of a channel or DM)."""
+    addressed: bool
+    """To Tandem for sure (a DM or a mention); otherwise only if Tandem is in the thread."""
+    dm: bool
+    attachments: tuple[Attachment, ...] = ()
+
+
+def slack_text(text: str, bot_user: str) -> str:
+    """Slack's message markup to plain text: the bot's mention removed, links and
+    entities undone."""
+    text = text.replace(f"<@{bot_user}>", " ").strip()
+    text = _SLACK_LINK.sub(lambda m: f"{m.group(2)} ({m.group(1)})" if m.group(2) else m.group(1),
+                     text)
+    text = re.sub(r"[ \t]{2,}", " ", text)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
+    """The message Tandem may answer, or None (edits, other bots, unmentioned channel talk)."""
+    user = event.get("user")
+    if event.get("subtype") not in _SUBTYPES or event.get("bot_id") or not user \
+            or user == bot_user:
+        return None
+    channel, ts = str(event["channel"]), str(event["ts"])
+    raw = str(event.get("text") or "")
+    thread = str(event["thread_ts"]) if event.get("thread_ts") not in (None, ts) else None
+    dm = event.get("channel_type") == "im"
+    mentioned = event.get("type") == "app_mention" or f"<@{bot_user}>" in raw
+    if dm:
+        key = thread
+    elif mentioned or thread:
+        key = thread or ts
+    else:
+        return None
+    files = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
+                             int(f.get("size") or 0)) for f in event.get("files") or ())
+    return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, str(user),
+                    event.get("user_team") or event.get("team"), slack_text(raw, bot_user),
+                    thread, dm or mentioned, dm, files)
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """`/name args` (a word of letters after the slash), or None for ordinary text."""
+    match = _COMMAND.fullmatch(text.strip())
+    if match is None:
+        return None
+    return match.group(1), (match.group(2) or "").strip()
+
+
+def stranger_text(user_id: str) -> str:
+    return (f"Sorry, you are not on Tandem's allowed list. Your Slack user id is `{user_id}`; "
+            "an admin can add it to slack.allowed_users.")

@@ -335,7 +335,7 @@ class FakeSlackServer:
     async def wait_for(
         self,
         predicate: Callable[[], T],
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> T:
         """Wait until ``predicate()`` is truthy and return its value.
 
@@ -521,7 +521,7 @@ class FakeSlackServer:
         *,
         retry_attempt: int = 0,
         accepts_response_payload: bool | None = None,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> str:
         """Send a Socket Mode envelope (``events_api``, ``interactive``, ``slash_commands``)
         to the newest open connection and return its envelope_id."""
@@ -555,7 +555,7 @@ class FakeSlackServer:
     async def wait_ack(
         self,
         envelope_id: str,
-        timeout: float = 3.0,  # noqa: ASYNC109
+        timeout: float = 3.0,
     ) -> float:
         """Wait for the client's ack of ``envelope_id``; return the push-to-ack latency."""
         await self.wait_for(lambda: envelope_id in self.acks, timeout)
@@ -564,7 +564,7 @@ class FakeSlackServer:
     async def wait_connections(
         self,
         count: int = 1,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> None:
         """Wait until ``count`` WebSocket connections have been opened in total."""
         await self.wait_for(lambda: self.connections_opened >= count and self._sockets, timeout)

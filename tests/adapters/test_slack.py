@@ -1,0 +1,640 @@
+"""The Slack adapter end to end: real slack-bolt/slack-sdk against the fake Slack, the real
+litellm client against the fake model, real SQLite. Every scenario runs in Socket Mode and
+in HTTP mode."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import litellm  # noqa: F401 - once up front, not inside the first test's timeouts
+import pytest
+
+from adapters.slack import SlackAdapter, SlackUnavailable, create
+from bot.app import build
+from bot.buttons import CancelButton, pack
+from bot.config import Config
+from bot.errors import ConfigError
+from bot.hub import Hub
+from tests.conftest import make_config
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_text
+
+SECRET = "signing-secret"
+ALLOWED = ["U1", "U2"]
+JSON = dict[str, Any]
+
+
+class Rig:
+    """The fake Slack, the fake model and a running core with the Slack adapter."""
+
+    def __init__(self, fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: str,
+                 edit_interval: float | None = 0.05, **overrides: Any) -> None:
+        self.fake, self.model, self.tmp, self.mode = fake, model, tmp, mode
+        self.options = {} if edit_interval is None else {"min_edit_interval": edit_interval}
+        settings = {"slack__enabled": True, "slack__mode": mode, "slack__bot_token": "xoxb-test",
+                    "slack__app_token": "xapp-test", "slack__signing_secret": SECRET,
+                    "slack__base_url": fake.api_url, "slack__allowed_users": ALLOWED,
+                    "slack__http__port": 0}
+        self.config: Config = make_config(tmp, model, **{**settings, **overrides})
+        self.acks: list[float] = []
+        self.hub: Hub
+        self.adapter: SlackAdapter
+
+    async def start(self) -> None:
+        self.hub, dispatch = build(self.config)
+        await self.hub.d.store.open()
+        self.adapter = create(self.config, self.hub, dispatch, **self.options)
+        await self.adapter.start()
+        await self.hub.recover()
+        if self.mode == "socket":
+            await self.fake.wait_for(lambda: self.fake.open_connections > 0)
+
+    async def stop(self) -> None:
+        await self.adapter.stop()
+        await self.hub.close()
+        await self.hub.d.store.close()
+
+    async def __aenter__(self) -> Rig:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        await self.stop()
+        if exc_type is None:
+            self.check()
+
+    async def restart(self) -> None:
+        await self.hub.idle()
+        await self.stop()
+        await self.start()
+
+    @property
+    def url(self) -> str:
+        assert self.adapter.url is not None
+        return self.adapter.url
+
+    # -- deliveries (acks recorded) ----------------------------------------------------
+
+    async def deliver(self, event: JSON, *, event_id: str | None = None, retry: int = 0) -> str:
+        body = self.fake.event_body(event, event_id=event_id)
+        if self.mode == "socket":
+            envelope = await self.fake.push("events_api", body, retry_attempt=retry)
+            self.acks.append(await self.fake.wait_ack(envelope))
+        else:
+            got = await self.fake.post_event(self.url, body, signing_secret=SECRET,
+                                             retry_num=retry or None)
+            assert got.status == 200, got
+            self.acks.append(got.latency)
+        return str(body["event_id"])
+
+    async def say(self, channel: str, user: str, text: str, **kwargs: Any) -> JSON:
+        """A user message, delivered; a mention also arrives as a `message` event."""
+        event = self.fake.message_event(channel, user, text, **kwargs)
+        await self.deliver(event)
+        if kwargs.get("mention"):
+            twin = dict(event, type="message", channel_type=kwargs.get("channel_type", "channel"))
+            await self.deliver(twin)
+        return event
+
+    async def press(self, channel: str, user: str, ts: str, action_id: str,
+                    value: str | None = None) -> None:
+        """`user` presses a button; `value` models a stale view of a button now gone."""
+        if value is None:
+            message = self.fake.message(channel, ts)
+            assert message is not None and message.blocks, self.fake.dump()
+            value = next(e["value"] for b in message.blocks if b["type"] == "actions"
+                         for e in b["elements"] if e["action_id"] == action_id)
+        payload = self.fake.block_actions(channel, user, ts, action_id, value)
+        if self.mode == "socket":
+            envelope = await self.fake.push("interactive", payload)
+            self.acks.append(await self.fake.wait_ack(envelope))
+        else:
+            got = await self.fake.post_action(self.url, payload, signing_secret=SECRET)
+            assert got.status == 200, got
+            self.acks.append(got.latency)
+
+    # -- what the channel shows --------------------------------------------------------
+
+    def texts(self, channel: str, thread: str | None = None) -> list[str]:
+        return self.fake.bot_texts(channel, thread)
+
+    async def wait_text(self, channel: str, needle: str, thread: str | None = None,
+                        timeout: float = 10.0) -> list[str]:
+        def found() -> list[str] | None:
+            texts = self.texts(channel, thread)
+            return texts if any(needle in t for t in texts) else None
+
+        result = await self.fake.wait_for(found, timeout)
+        assert result is not None
+        return result
+
+    async def card(self, channel: str, n: int = 1) -> FakeSlackMessage:
+        def cards() -> list[FakeSlackMessage]:
+            return [m for m in self.fake.bot_messages(channel)
+                    if "wants to run" in block_text(m.blocks)]
+
+        found = await self.fake.wait_for(lambda: cards() if len(cards()) >= n else None)
+        assert found is not None
+        return found[n - 1]
+
+    async def settle(self) -> None:
+        await asyncio.sleep(0.05)
+        await self.fake.wait_for(lambda: not self.adapter._inflight)
+        await self.hub.idle()
+
+    def check(self) -> None:
+        assert self.acks and max(self.acks) < 3.0, self.acks
+        assert not self.fake.duplicate_acks
+        assert self.model.violations == []
+
+
+@pytest.fixture(params=["socket", "http"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlackServer]:
+    """Rate limits off, except in the test about them (they only make the others slow)."""
+    async with FakeSlackServer(rate_limit=False) as server:
+        yield server
+
+
+@pytest.fixture
+def rig_factory(fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path,
+                mode: str) -> Callable[..., Rig]:
+    def factory(**overrides: Any) -> Rig:
+        return Rig(fake, model, tmp_path, mode, **overrides)
+
+    return factory
+
+
+@pytest.fixture
+async def rig(rig_factory: Callable[..., Rig]) -> AsyncIterator[Rig]:
+    async with rig_factory() as started:
+        yield started
+
+
+def shell(cmd: str) -> Reply:
+    return Reply(tool_calls=[ToolCallSpec("shell", {"command": cmd})])
+
+
+def user_texts(model: FakeModelServer, index: int = -1) -> list[str]:
+    return [str(m.get("content")) for m in model.requests[index]["messages"]
+            if m["role"] == "user"]
+
+
+def buttons(message: FakeSlackMessage) -> list[str]:
+    return [e["action_id"] for b in message.blocks or [] if b["type"] == "actions"
+            for e in b["elements"]]
+
+
+# ---- conversations -------------------------------------------------------------------------
+
+
+async def test_a_dm_conversation(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="**Hello** U1 & <friends>, see [docs](https://x.test/?a=1&b=2)"),
+                 Reply(text="Again."))
+    await rig.say("D1", "U1", "hi")
+    await rig.wait_text("D1", "Hello")
+    await rig.settle()
+    await rig.say("D1", "U1", "and again")
+    texts = await rig.wait_text("D1", "Again.")
+    await rig.settle()
+    assert texts == ["*Hello* U1 &amp; &lt;friends&gt;, see <https://x.test/?a=1&amp;b=2|docs>",
+                     "Again."]
+    assert all(m.thread_ts is None for m in rig.fake.bot_messages("D1"))
+    assert all(not buttons(m) for m in rig.fake.bot_messages("D1"))  # Cancel removed at the end
+    assert user_texts(model)[0].startswith("[user_u1] hi")  # same conversation, with its name
+    assert len(model.requests) == 2
+
+
+async def test_a_mention_and_the_thread_that_follows(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="First answer."), Reply(text="Second answer."))
+    root = await rig.say("C1", "U1", "what is up?", channel_type="channel", mention=True)
+    await rig.wait_text("C1", "First answer.", thread=root["ts"])
+    await rig.settle()
+    # A reply in that thread, without a mention, continues the conversation.
+    await rig.say("C1", "U2", "tell me more", channel_type="channel", thread_ts=root["ts"])
+    texts = await rig.wait_text("C1", "Second answer.", thread=root["ts"])
+    await rig.settle()
+    assert texts == ["First answer.", "Second answer."]
+    assert "[user_u1] what is up?" in user_texts(model)[0]
+    assert any(t.startswith("[user_u2] tell me more") for t in user_texts(model))
+    # Channel talk without a mention, and replies in threads Tandem is not part of: ignored.
+    await rig.say("C1", "U1", "just chatting", channel_type="channel")
+    other = rig.fake.message_event("C1", "U2", "unrelated root", channel_type="channel")
+    await rig.say("C1", "U1", "a reply elsewhere", channel_type="channel",
+                  thread_ts=other["ts"])
+    await rig.settle()
+    assert len(model.requests) == 2 and len(rig.fake.bot_messages("C1")) == 2
+    assert len(rig.fake.calls_to("conversations.replies")) == 1  # only for the unknown thread
+
+
+async def test_a_mention_inside_an_existing_thread_reads_it_once(rig: Rig,
+                                                                 model: FakeModelServer) -> None:
+    model.script(Reply(text="Looks like a null pointer."), Reply(text="Yes, patch it."))
+    root = rig.fake.message_event("C2", "U3", "prod is down", channel_type="channel")
+    rig.fake.message_event("C2", "U4", "stack trace says NPE in Foo", channel_type="channel",
+                           thread_ts=root["ts"])
+    await rig.say("C2", "U1", "any idea?", channel_type="channel", mention=True,
+                  thread_ts=root["ts"])
+    await rig.wait_text("C2", "null pointer", thread=root["ts"])
+    await rig.settle()
+    first = user_texts(model, 0)[0]
+    assert "[Earlier in this thread]" in first
+    assert "prod is down" in first and "stack trace says NPE in Foo" in first
+    assert first.index("prod is down") < first.index("[user_u1] any idea?")
+    await rig.say("C2", "U1", "should I patch?", channel_type="channel", thread_ts=root["ts"])
+    await rig.wait_text("C2", "patch it", thread=root["ts"])
+    await rig.settle()
+    assert len(rig.fake.calls_to("conversations.replies")) == 1
+    assert "Earlier in this thread" not in user_texts(model)[-1]
+
+
+async def test_strangers_get_one_reply_with_their_id(rig: Rig, model: FakeModelServer) -> None:
+    await rig.say("D9", "U9", "hello?")
+    texts = await rig.wait_text("D9", "U9")
+    await rig.say("D9", "U9", "hello again?")
+    await rig.say("C1", "U9", "hey bot", channel_type="channel", mention=True)
+    await rig.settle()
+    assert len(texts) == 1 and "slack.allowed_users" in texts[0]
+    assert rig.texts("D9") == texts and rig.texts("C1") == []
+    assert model.requests == []
+
+
+async def test_a_star_allows_everyone_in_the_workspace(rig_factory: Callable[..., Rig],
+                                                       model: FakeModelServer) -> None:
+    rig = rig_factory(slack__allowed_users=["*"])
+    await rig.start()
+    try:
+        model.script(Reply(text="Hi stranger."))
+        await rig.say("D9", "U9", "hello?")
+        await rig.wait_text("D9", "Hi stranger.")
+        await rig.settle()
+        outsider = rig.fake.message_event("D8", "U8", "from another org")
+        outsider["user_team"] = "T-OTHER"
+        await rig.deliver(outsider)
+        await rig.wait_text("D8", "U8")
+        await rig.settle()
+    finally:
+        await rig.stop()
+    rig.check()
+    assert len(model.requests) == 1
+
+
+async def test_the_same_event_retried_is_answered_once(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="Only once."))
+    event = rig.fake.message_event("D1", "U1", "are you there?")
+    event_id = await rig.deliver(event)
+    for attempt in (1, 2, 3):
+        await rig.deliver(event, event_id=event_id, retry=attempt)
+    await rig.wait_text("D1", "Only once.")
+    await rig.settle()
+    await rig.restart()
+    await rig.deliver(event, event_id=event_id, retry=3)
+    await rig.settle()
+    assert rig.texts("D1") == ["Only once."]
+    assert len(model.requests) == 1
+
+
+async def test_commands_as_text(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="Remembered."), Reply(text="Fresh start."))
+    await rig.say("D1", "U1", "remember 42")
+    await rig.wait_text("D1", "Remembered.")
+    await rig.settle()
+    await rig.say("D1", "U1", "/status")
+    await rig.wait_text("D1", "Model: openai/fake")
+    await rig.say("D1", "U1", "/new")
+    await rig.wait_text("D1", "Started a new conversation")
+    await rig.settle()
+    await rig.say("D1", "U1", "what was it?")
+    await rig.wait_text("D1", "Fresh start.")
+    await rig.settle()
+    assert not any("remember 42" in t for t in user_texts(model))
+    root = await rig.say("C1", "U1", "/help", channel_type="channel", mention=True)
+    await rig.wait_text("C1", "/stop", thread=root["ts"])
+    await rig.settle()
+    assert len(model.requests) == 2
+
+
+async def test_a_message_during_a_turn_is_queued_with_eyes(rig: Rig,
+                                                           model: FakeModelServer) -> None:
+    model.script(Reply(text="slow " * 30, chunk_delay=0.02), Reply(text="Both answered."))
+    await rig.say("D1", "U1", "first")
+    await rig.fake.wait_for(lambda: any("slow" in t for t in rig.texts("D1")))
+    second = await rig.say("D1", "U1", "second")
+    await rig.wait_text("D1", "Both answered.")
+    await rig.settle()
+    assert rig.fake.reactions == [("D1", second["ts"], "eyes")]
+    assert "second" in user_texts(model)[-1]
+
+
+# ---- streaming -----------------------------------------------------------------------------
+
+
+async def test_cancel_during_streaming(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="word " * 400, chunk_size=5, chunk_delay=0.02))
+    await rig.say("D1", "U1", "write a lot")
+    live = await rig.fake.wait_for(
+        lambda: next((m for m in rig.fake.bot_messages("D1") if "word" in m.text), None))
+    assert live is not None
+    assert buttons(live) == ["tandem_cancel"]
+    await rig.press("D1", "U1", live.ts, "tandem_cancel")
+    await rig.wait_text("D1", "⏹ Cancelled.")
+    await rig.settle()
+    [message] = rig.fake.bot_messages("D1")
+    assert not buttons(message)
+    assert block_text(message.blocks).count("word") < 400
+    assert len(message.edits) >= 2
+
+
+async def test_edits_are_at_most_about_one_a_second_by_default(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    async with Rig(fake, model, tmp_path, "socket", edit_interval=None) as rig:
+        model.script(Reply(text="tock " * 100, chunk_size=5, chunk_delay=0.025))  # ~2.5 s
+        await rig.say("D1", "U1", "stream slowly")
+        await rig.wait_text("D1", "tock " * 99)
+        await rig.settle()
+        [message] = rig.fake.bot_messages("D1")
+        assert 2 <= len(message.edits) <= 5  # ~1 a second, then the final text at once
+        assert fake.max_update_rate("D1") <= 2
+
+
+async def test_a_long_answer_is_split_and_nothing_is_lost(rig: Rig,
+                                                          model: FakeModelServer) -> None:
+    rig.fake.rate_limit, rig.fake.post_interval = True, 0.2  # some parts wait their turn
+    paragraphs = [f"Paragraph {i}: " + " ".join(f"w{i}x{j}" for j in range(60))
+                  for i in range(40)]
+    code = "```python\n" + "\n".join(f"print({i})  # line {i}" for i in range(150)) + "\n```"
+    answer = "\n\n".join(paragraphs[:20]) + "\n\n" + code + "\n\n" + "\n\n".join(paragraphs[20:])
+    model.script(Reply(text=answer, chunk_size=400))
+    await rig.say("D1", "U1", "long please")
+    await rig.wait_text("D1", "Paragraph 39")
+    await rig.settle()
+    messages = rig.fake.bot_messages("D1")
+    assert len(messages) > 4
+    for m in messages:
+        assert m.blocks and not buttons(m)
+        assert all(len(b["text"]["text"]) <= 3000 for b in m.blocks if b["type"] == "section")
+    shown = "\n".join(rig.texts("D1"))
+    for i in range(40):
+        assert " ".join(f"w{i}x{j}" for j in range(60)) in " ".join(shown.split())
+    for i in range(150):
+        assert f"print({i})  # line {i}" in shown
+    assert shown.count("Paragraph 0:") == 1
+
+
+async def test_rate_limits_delay_but_never_drop_the_answer(rig_factory: Callable[..., Rig],
+                                                           fake: FakeSlackServer,
+                                                           model: FakeModelServer) -> None:
+    fake.rate_limit, fake.burst = True, 1
+    rig = rig_factory()
+    await rig.start()
+    try:
+        model.script(Reply(text="tick " * 200, chunk_size=10, chunk_delay=0.01))
+        await rig.say("D1", "U1", "stream")
+        await rig.wait_text("D1", "tick " * 199)
+        await rig.settle()
+    finally:
+        await rig.stop()
+    rig.check()
+    assert fake.rate_limited
+    assert " ".join(rig.texts("D1")[-1].split()) == " ".join(["tick"] * 200)
+
+
+# ---- approvals -----------------------------------------------------------------------------
+
+
+async def test_approve_deny_and_always(rig: Rig, model: FakeModelServer, tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    model.script(shell("echo yes > a.txt"), Reply(text="Wrote a."),
+                 shell("echo no > b.txt"), Reply(text="Not written."),
+                 shell("echo again >> c.txt"), Reply(text="Always then."),
+                 shell("echo again >> c.txt"), Reply(text="Ran without asking."))
+    await rig.say("D1", "U1", "write a")
+    card = await rig.card("D1")
+    assert "🔐 Tandem wants to run `shell`" in block_text(card.blocks)
+    assert "```\necho yes &gt; a.txt\n```" in block_text(card.blocks)
+    assert "Requested by <@U1> · expires in 30 min" in str(card.blocks)
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert not (workspace / "a.txt").exists()
+    await rig.wait_text("D1", "⏸ Waiting for approval")
+    await rig.press("D1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("D1", "Wrote a.")
+    await rig.settle()
+    assert (workspace / "a.txt").read_text() == "yes\n"
+    assert "✅ Approved by <@U1>" in str(card.blocks) and not buttons(card)
+
+    await rig.say("D1", "U1", "write b")
+    card = await rig.card("D1", 2)
+    await rig.press("D1", "U1", card.ts, "tandem_deny")
+    await rig.wait_text("D1", "Not written.")
+    await rig.settle()
+    assert not (workspace / "b.txt").exists()
+    assert "❌ Denied by <@U1>" in str(card.blocks) and not buttons(card)
+
+    await rig.say("D1", "U1", "append c")
+    card = await rig.card("D1", 3)
+    await rig.press("D1", "U1", card.ts, "tandem_always")
+    await rig.wait_text("D1", "Always then.")
+    await rig.settle()
+    assert "✅ Always allowed in this chat by <@U1>" in str(card.blocks)
+    await rig.say("D1", "U1", "append c again")
+    await rig.wait_text("D1", "Ran without asking.")
+    await rig.settle()
+    assert (workspace / "c.txt").read_text() == "again\nagain\n"
+    assert len([t for t in rig.texts("D1") if "wants to run" in t]) == 3
+    # The standing rule, listed with a button that revokes it.
+    await rig.say("D1", "U1", "/approvals")
+    listing = await rig.fake.wait_for(lambda: next(
+        (m for m in rig.fake.bot_messages("D1") if "Standing" in m.text), None))
+    assert listing is not None
+    await rig.press("D1", "U1", listing.ts, "tandem_button_0")
+    await rig.wait_text("D1", "Rule revoked")
+    await rig.settle()
+
+
+async def test_someone_elses_press_changes_nothing(rig: Rig, model: FakeModelServer,
+                                                   tmp_path: Path) -> None:
+    model.script(shell("echo hi > x.txt"), Reply(text="Done."))
+    root = await rig.say("C1", "U1", "make x", channel_type="channel", mention=True)
+    card = await rig.card("C1")
+    assert card.thread_ts == root["ts"]
+    await rig.press("C1", "U2", card.ts, "tandem_approve")  # allowed, but not the requester
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U2"))
+    await rig.press("C1", "U9", card.ts, "tandem_approve")  # a stranger
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U9"))
+    await rig.settle()
+    assert "not yours" in rig.fake.ephemerals_for("U2")[0]["text"]
+    assert "U9" in rig.fake.ephemerals_for("U9")[0]["text"]
+    assert not (tmp_path / "workspace" / "x.txt").exists()
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert len(model.requests) == 1
+    await rig.press("C1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("C1", "Done.", thread=root["ts"])
+    await rig.settle()
+    assert (tmp_path / "workspace" / "x.txt").exists()
+
+
+async def test_an_unanswered_approval_expires(rig_factory: Callable[..., Rig],
+                                              model: FakeModelServer, tmp_path: Path) -> None:
+    rig = rig_factory(approvals__expire_after_s=1)
+    await rig.start()
+    try:
+        model.script(shell("echo late > late.txt"), Reply(text="It expired, so I did not."))
+        await rig.say("D1", "U1", "do it")
+        card = await rig.card("D1")
+        assert "expires in 1 s" in str(card.blocks)
+        value = next(e["value"] for b in card.blocks or [] if b["type"] == "actions"
+                     for e in b["elements"] if e["action_id"] == "tandem_approve")
+        await rig.wait_text("D1", "It expired, so I did not.", timeout=10)
+        await rig.settle()
+        assert "⌛ Expired — not run" in str(card.blocks) and not buttons(card)
+        await rig.press("D1", "U1", card.ts, "tandem_approve", value)  # too late: no effect
+        await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U1"))
+        await rig.settle()
+    finally:
+        await rig.stop()
+    rig.check()
+    assert "Already decided" in rig.fake.ephemerals_for("U1")[0]["text"]
+    assert not (tmp_path / "workspace" / "late.txt").exists()
+
+
+async def test_a_press_after_a_restart(rig: Rig, model: FakeModelServer, tmp_path: Path) -> None:
+    model.script(shell("echo after > r.txt"), Reply(text="Ran after the restart."))
+    root = await rig.say("C1", "U1", "run it", channel_type="channel", mention=True)
+    card = await rig.card("C1")
+    await rig.wait_text("C1", "⏸ Waiting for approval", thread=root["ts"])
+    await rig.restart()
+    await rig.press("C1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("C1", "Ran after the restart.", thread=root["ts"])
+    await rig.settle()
+    assert (tmp_path / "workspace" / "r.txt").read_text() == "after\n"
+    # The new process did not know the card: it says so in the thread instead.
+    assert any("✅ Approved by <@U1>" in t for t in rig.texts("C1", root["ts"])), rig.fake.dump()
+
+
+async def test_a_long_command_is_never_truncated_on_the_card(rig: Rig, model: FakeModelServer,
+                                                             tmp_path: Path) -> None:
+    command = "echo " + " ".join(f"arg{i}" for i in range(1500)) + " > long.txt"
+    call = shell(command)
+    call.chunk_size = 500
+    model.script(call, Reply(text="Done long."))
+    await rig.say("D1", "U1", "long command")
+    card = await rig.card("D1")
+    assert card.blocks is not None
+    sections = [b["text"]["text"] for b in card.blocks if b["type"] == "section"]
+    assert all(len(s) <= 3000 for s in sections) and len(sections) == 5
+    code = [s.removeprefix("```\n").removesuffix("\n```") for s in sections[1:]]
+    assert "".join(code) == command.replace(">", "&gt;")  # every character, in order
+    await rig.press("D1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("D1", "Done long.")
+    await rig.settle()
+    assert (tmp_path / "workspace" / "long.txt").exists()
+
+
+# ---- HTTP mode only ------------------------------------------------------------------------
+
+
+async def test_bad_signatures_and_stale_requests_are_refused(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    async with Rig(fake, model, tmp_path, "http") as rig:
+        await _refused(rig, model)
+
+
+async def _refused(rig: Rig, model: FakeModelServer) -> None:
+    body = rig.fake.event_body(rig.fake.message_event("D1", "U1", "forged"))
+    bad = await rig.fake.post_event(rig.url, body, signing_secret=SECRET, bad_signature=True)
+    stale = await rig.fake.post_event(rig.url, body, signing_secret=SECRET,
+                                      timestamp=int(time.time()) - 400)
+    wrong = await rig.fake.post_event(rig.url, body, signing_secret="not-the-secret")
+    assert (bad.status, stale.status, wrong.status) == (401, 401, 401)
+    payload = rig.fake.block_actions  # a forged press is refused the same way
+    message = await rig.adapter.client.chat_postMessage(channel="D1", text="x")
+    forged = await rig.fake.post_action(
+        rig.url, payload("D1", "U1", str(message["ts"]), "tandem_cancel", pack(CancelButton())),
+        signing_secret=SECRET, bad_signature=True)
+    assert forged.status == 401
+    await rig.deliver(rig.fake.message_event("D2", "U1", "real"))  # for rig.check()
+    await rig.settle()
+    assert rig.texts("D1") == ["x"]
+    assert len(model.requests) == 1 and "real" in user_texts(model)[-1]
+
+
+# ---- Socket Mode only ----------------------------------------------------------------------
+
+
+async def test_the_slash_command(fake: FakeSlackServer, model: FakeModelServer,
+                                 tmp_path: Path) -> None:
+    async with Rig(fake, model, tmp_path, "socket") as rig:
+        await _slash(rig, model)
+
+
+async def _slash(rig: Rig, model: FakeModelServer) -> None:
+    payload = {"token": "t", "team_id": "T1", "channel_id": "D1", "user_id": "U1",
+               "command": "/tandem", "text": "help", "trigger_id": "1.2.3",
+               "response_url": f"{rig.fake.url}/response/none"}
+    envelope = await rig.fake.push("slash_commands", payload)
+    rig.acks.append(await rig.fake.wait_ack(envelope))
+    await rig.wait_text("D1", "/status")
+    await rig.settle()
+    assert model.requests == []
+
+
+async def test_a_forged_button_is_refused(rig: Rig, model: FakeModelServer) -> None:
+    message = await rig.adapter.client.chat_postMessage(
+        channel="D1", text="x", blocks=[{"type": "actions", "elements": [
+            {"type": "button", "action_id": "tandem_approve", "value": "ap:../../x:z",
+             "text": {"type": "plain_text", "text": "Approve"}}]}])
+    await rig.press("D1", "U1", str(message["ts"]), "tandem_approve")
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U1"))
+    assert rig.fake.ephemerals_for("U1")[0]["text"] == "This button is no longer valid."
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+async def test_missing_secrets_and_a_bad_token(fake: FakeSlackServer, model: FakeModelServer,
+                                               tmp_path: Path) -> None:
+    base = {"slack__enabled": True, "slack__bot_token": "xoxb-test",
+            "slack__base_url": fake.api_url}
+    for mode, key in (("socket", "slack.app_token"), ("http", "slack.signing_secret")):
+        config = make_config(tmp_path, model, slack__mode=mode, **base)
+        hub, dispatch = build(config)
+        with pytest.raises(ConfigError) as err:
+            create(config, hub, dispatch)
+        assert err.value.key == key
+    config = make_config(tmp_path, model, **{**base, "slack__bot_token": "xoxb-wrong",
+                                             "slack__app_token": "xapp-test"})
+    hub, dispatch = build(config)
+    adapter = create(config, hub, dispatch)
+    with pytest.raises(ConfigError) as bad:
+        await adapter.start()
+    assert bad.value.key == "slack.bot_token" and "invalid_auth" in str(bad.value)
+    assert "xoxb-wrong" not in str(bad.value)
+
+    with socket.socket() as taken:  # HTTP mode on a port already in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = make_config(tmp_path, model, **{**base, "slack__mode": "http",
+                                                 "slack__signing_secret": SECRET,
+                                                 "slack__http__port": taken.getsockname()[1]})
+        hub, dispatch = build(config)
+        with pytest.raises(ConfigError) as busy:
+            await create(config, hub, dispatch).start()
+        assert busy.value.key == "slack.http.port"
+    config = make_config(tmp_path, model, **{**base, "slack__app_token": "xapp-test",
+                                             "slack__base_url": "http://127.0.0.1:9/api/"})
+    hub, dispatch = build(config)
+    with pytest.raises(SlackUnavailable):
+        await create(config, hub, dispatch).start()

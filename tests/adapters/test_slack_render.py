@@ -1,0 +1,145 @@
+"""Slack rendering and payload normalization: pure functions, literal inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adapters import slack_render as render
+from adapters.slack_render import extract_message, parse_command, slack_text
+from bot.buttons import ApprovalButton, CancelButton, unpack
+from bot.events import Button, ConvKey, Phase, Progress, User, Verdict
+
+BOT = "UBOT"
+
+
+@pytest.mark.parametrize(("markdown", "mrkdwn"), [
+    ("**bold** and __also__", "*bold* and *also*"),
+    ("*italic* and _italic_", "_italic_ and _italic_"),
+    ("~~gone~~", "~gone~"),
+    ("a & b < c > d", "a &amp; b &lt; c &gt; d"),
+    ("[the docs](https://x.test/a_b?q=1&r=2)", "<https://x.test/a_b?q=1&amp;r=2|the docs>"),
+    ("# Title\n## **Sub**", "*Title*\n*Sub*"),
+    ("- one\n* two\n  + three", "• one\n• two\n  • three"),
+    ("> quoted <b>", "> quoted &lt;b&gt;"),
+    ("`a**b** <x>`", "`a**b** &lt;x&gt;`"),
+    ("```python\nif a < b:\n    print(**kw)\n```", "```\nif a &lt; b:\n    print(**kw)\n```"),
+    ("ping <@U123> but never <!here>", "ping <@U123> but never &lt;!here&gt;"),
+    ("2 * 3 * 4", "2 * 3 * 4"),
+    ("snake_case_name", "snake_case_name"),
+])
+def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
+    assert render.to_mrkdwn(markdown) == mrkdwn
+
+
+def test_an_unclosed_code_block_while_streaming_stays_code() -> None:
+    assert render.to_mrkdwn("see:\n```\nx = **1** <") == "see:\n```\nx = **1** &lt;\n```"
+
+
+def test_live_messages_have_a_cancel_button_and_a_fallback_text() -> None:
+    out = render.live("**Hi**", cancel=True)
+    assert out.text == "*Hi*"
+    assert out.blocks[0] == render.section("*Hi*")
+    [element] = out.blocks[1]["elements"]
+    assert element["action_id"] == render.CANCEL_ACTION
+    assert unpack(element["value"]) == CancelButton()
+    assert render.live("done", cancel=False).blocks == [render.section("done")]
+    assert render.live("", cancel=False).text == "…"
+
+
+def test_long_texts_become_sections_and_messages_within_limits() -> None:
+    text = "\n\n".join(f"paragraph {i} " + "&" * 900 for i in range(30))
+    outs = render.messages(text, (Button("Revoke 1", "rr:abc"),))
+    assert len(outs) > 1
+    for out in outs:
+        sections = [b for b in out.blocks if b["type"] == "section"]
+        assert 0 < len(sections) <= render.SECTIONS_PER_MESSAGE
+        assert all(len(b["text"]["text"]) <= 3000 for b in sections)
+        assert len(out.text) <= 3000
+    assert [b["type"] for b in outs[-1].blocks][-1] == "actions"
+    assert all(b["type"] != "actions" for o in outs[:-1] for b in o.blocks)
+    joined = "".join(b["text"]["text"] for o in outs for b in o.blocks if b["type"] == "section")
+    assert joined.count("&amp;") == 30 * 900
+
+
+def test_the_approval_card() -> None:
+    card = render.approval_card("abc123", "shell", "rm -rf build/ && echo <done>",
+                                User("U1", "Ann"), 1800)
+    assert card.preamble == []
+    assert [b["type"] for b in card.blocks] == ["section", "section", "context"]
+    assert card.blocks[0]["text"]["text"] == "🔐 Tandem wants to run `shell`"
+    assert card.blocks[1]["text"]["text"] == "```\nrm -rf build/ &amp;&amp; echo &lt;done&gt;\n```"
+    assert card.blocks[2]["elements"][0]["text"] == \
+        "Requested by <@U1> · expires in 30 min"
+    elements = card.buttons[0]["elements"]
+    assert [e["action_id"] for e in elements] == ["tandem_approve", "tandem_deny",
+                                                 "tandem_always"]
+    assert [unpack(e["value"]) for e in elements] == [
+        ApprovalButton("abc123", v) for v in (Verdict.APPROVE, Verdict.DENY, Verdict.ALWAYS)]
+    assert "scheduled" not in card.text
+
+
+def test_a_call_too_long_for_the_card_goes_in_messages_before_it() -> None:
+    summary = "\n".join(f"line {i} " + "x" * 100 for i in range(400))  # ~43k characters
+    card = render.approval_card("abc", "write_file", summary, User("job:j1"), 60)
+    assert card.preamble and "shown in full" in card.blocks[0]["text"]["text"]
+    code = [b["text"]["text"] for blocks in card.preamble for b in blocks]
+    assert all(len(c) <= 3000 for c in code)
+    assert all(len(blocks) <= render.SECTIONS_PER_MESSAGE for blocks in card.preamble)
+    lines = "\n".join(c.removeprefix("```\n").removesuffix("\n```") for c in code)
+    assert lines == summary
+    assert "Requested by job:j1 · expires in 60 s" in str(card.blocks)
+
+
+def test_a_fence_in_a_command_cannot_end_the_code_block() -> None:
+    [code] = render.code_sections("echo ```; rm x")
+    assert code["text"]["text"].count("```") == 2
+
+
+def test_outcomes_and_progress() -> None:
+    assert render.outcome_line("approved", User("U1", "Ann")) == "✅ Approved by <@U1>"
+    assert render.outcome_line("expired", None) == "⌛ Expired — not run"
+    assert render.outcome_line("superseded", None) == "↪️ Skipped — a new message came first"
+    key = ConvKey("slack", "D1")
+    assert render.progress_text(Progress(key, 1, Phase.TOOL, "", "shell", 3.2)) == \
+        "⚙️ Running `shell`… (3 s)"
+    assert render.progress_text(Progress(key, 1, Phase.THINKING)) == render.THINKING
+    assert render.progress_text(Progress(key, 1, Phase.TOOL, "so far", "shell")) == "so far"
+
+
+# ---- inbound ----------------------------------------------------------------------------
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    base = {"type": "message", "user": "U1", "text": "hi", "ts": "1.000100", "channel": "D1",
+            "channel_type": "im", "team": "T1"}
+    return {k: v for k, v in {**base, **fields}.items() if v is not None}
+
+
+def test_conversations_from_events() -> None:
+    dm = extract_message(event(), BOT)
+    assert dm is not None and dm.conv == ConvKey("slack", "D1", None) and dm.addressed
+    dm_thread = extract_message(event(thread_ts="0.5"), BOT)
+    assert dm_thread is not None and dm_thread.conv.thread_id == "0.5"
+    mention = extract_message(event(type="app_mention", channel="C1", channel_type=None,
+                                    text=f"<@{BOT}> look"), BOT)
+    assert mention is not None and mention.conv == ConvKey("slack", "C1", "1.000100")
+    assert mention.text == "look" and mention.addressed and mention.thread is None
+    in_thread = extract_message(event(channel="C1", channel_type="channel", thread_ts="0.5"),
+                                BOT)
+    assert in_thread is not None and not in_thread.addressed
+    assert in_thread.conv == ConvKey("slack", "C1", "0.5")
+    assert extract_message(event(channel="C1", channel_type="channel"), BOT) is None
+    assert extract_message(event(subtype="message_changed"), BOT) is None
+    assert extract_message(event(bot_id="B2"), BOT) is None
+    assert extract_message(event(user=BOT), BOT) is None
+
+
+def test_slack_markup_to_text_and_commands() -> None:
+    assert slack_text(f"<@{BOT}>  see <https://x.test|the site> &amp; <mailto:a@b.c>", BOT) \
+        == "see the site (https://x.test) & mailto:a@b.c"
+    assert parse_command("/status") == ("status", "")
+    assert parse_command(" /new  please ") == ("new", "please")
+    assert parse_command("/usr/bin is a path") is None
+    assert parse_command("hello /new") is None
