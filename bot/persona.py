@@ -22,6 +22,7 @@ class Persona:
     def __init__(self, directory: str | Path, max_file_chars: int = 20_000) -> None:
         self.dir = Path(directory)
         self.max_file_chars = max_file_chars
+        self._paths = [os.path.join(self.dir, name) for name in FILES]
         self._contents: tuple[str, ...] | None = None
         self._stats: tuple[tuple[int, ...], ...] | None = None
         self._prompt = ""
@@ -29,9 +30,9 @@ class Persona:
 
     def _stat(self) -> tuple[tuple[int, ...], ...]:
         out: list[tuple[int, ...]] = []
-        for name in FILES:
+        for path in self._paths:
             try:
-                st = os.stat(self.dir / name)
+                st = os.stat(path)
                 out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
             except OSError:
                 out.append(())
