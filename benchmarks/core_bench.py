@@ -13,6 +13,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import argparse
 import asyncio
+import json
 import platform
 import statistics
 import subprocess
@@ -114,16 +115,22 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--window", type=int, default=1_000_000,
                         help="context window in tokens (large: the whole history is in view)")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    figures: dict[str, Any] = {}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}")
     print(f"{'history':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for history in (10, 1_000, 10_000):
         times = asyncio.run(measure(history, args.turns, args.window))
         ms = sorted(t * 1000 for t in times)
-        print(f"{history:>8} {statistics.median(ms):>8.3f} {ms[int(len(ms) * 0.99) - 1]:>8.3f}"
-              f" {statistics.mean(ms):>8.3f}")
-    print(f"tandem --help: {help_time() * 1000:.0f} ms (median of 7)")
+        p50, p99 = statistics.median(ms), ms[int(len(ms) * 0.99) - 1]
+        figures[str(history)] = {"p50_ms": p50, "p99_ms": p99, "mean_ms": statistics.mean(ms)}
+        print(f"{history:>8} {p50:>8.3f} {p99:>8.3f} {statistics.mean(ms):>8.3f}")
+    figures["help_ms"] = help_time() * 1000
+    print(f"tandem --help: {figures['help_ms']:.0f} ms (median of 7)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import logging
 import multiprocessing
 import os
@@ -296,6 +297,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="paced run: duration")
     parser.add_argument("--threads", type=int, default=100, help="paced run: threads")
     parser.add_argument("--profile", help="write a cProfile of Tandem's side to this file")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -310,6 +312,8 @@ def main() -> int:
         slack.join(timeout=30)
     if profiler and args.profile:
         profiler.dump_stats(args.profile)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0 if report(result) else 1
 
 
