@@ -3,19 +3,18 @@
 Inbound: a handler checks access (fails closed), decides whether a group message is
 for Tandem, normalizes it and hands it to `hub.submit` (the hub dedupes `tg:<update_id>`
 refs, so a redelivered update is answered once). Outbound: one `LiveMessage` per turn,
-paced to one edit per second per chat; Markdown goes out as Telegram HTML and falls
-back to plain text if Telegram cannot parse it; `retry_after` holds the whole chat.
-A turn's placeholder appears after `placeholder_delay` seconds (typing shows at once),
-so a quick answer arrives as one message instead of a placeholder and an edit.
+at most one edit per second per chat; Markdown goes out as Telegram HTML, as plain text
+if Telegram cannot parse it; a `retry_after` holds every send to that chat. Typing shows
+after `typing_delay`, the placeholder after `placeholder_delay`: a quick answer arrives
+as one message rather than a placeholder and an edit. Bot API calls go over aiohttp (a
+PTB `BaseRequest`), which costs a quarter of the CPU of PTB's default httpx transport.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
-import re
 import time
 import weakref
 from collections import OrderedDict
@@ -23,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import aiohttp
 from telegram import (
     BotCommand,
     CallbackQuery,
@@ -37,7 +37,15 @@ from telegram import (
 )
 from telegram import User as TgUser
 from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
-from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError
+from telegram.error import (
+    BadRequest,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -46,13 +54,14 @@ from telegram.ext import (
     MessageHandler,
     filters,
 )
+from telegram.request import BaseRequest, RequestData
 
 from adapters import telegram_render as render
 from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater, split_text
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
-from bot.errors import ConfigError
+from bot.errors import ConfigError, TandemError, user_message
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -77,16 +86,61 @@ from bot.hub import Hub
 log = logging.getLogger(__name__)
 PLATFORM = "telegram"
 MAX_TEXT = 4096
-PLACEHOLDER_DELAY_S = 0.5
-TYPING_EVERY_S = 4.0
 THINKING = "⏳ Thinking…"
+WAITING = "⏸ Waiting for approval"
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
             ("approvals", "Standing approval rules here")]
-_COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]+))?(?:\s+|$)(.*)", re.DOTALL)
+CANCEL_KEYBOARD = [[("⏹ Cancel", pack(CancelButton()))]]
 T = TypeVar("T")
-App = Application[Any, Any, Any, Any, Any, Any]
+Rows = list[list[tuple[str, str]]]
+
+
+class AiohttpRequest(BaseRequest):
+    """PTB's transport boundary (`do_request` → status and body) on an aiohttp session."""
+
+    def __init__(self, *, read_timeout: float = 5.0, connect_timeout: float = 5.0,
+                 connections: int = 64) -> None:
+        self._read, self._connect, self._connections = read_timeout, connect_timeout, connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def read_timeout(self) -> float:
+        return self._read
+
+    async def initialize(self) -> None:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._connections)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
+
+    async def shutdown(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    async def do_request(self, url: str, method: str, request_data: RequestData | None = None,
+                         read_timeout: object = None, write_timeout: object = None,
+                         connect_timeout: object = None, pool_timeout: object = None,
+                         ) -> tuple[int, bytes]:
+        if self._session is None or self._session.closed:
+            raise RuntimeError("AiohttpRequest is not initialized")
+        read = read_timeout if isinstance(read_timeout, int | float) else self._read
+        connect = connect_timeout if isinstance(connect_timeout, int | float) else self._connect
+        data: dict[str, str] | aiohttp.FormData | None = None
+        if request_data is not None:
+            data = request_data.json_parameters
+            if request_data.contains_files:
+                data = aiohttp.FormData(data)
+                for name, (filename, content, mime) in request_data.multipart_data.items():
+                    data.add_field(name, content, filename=filename, content_type=mime)
+        timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+        try:
+            async with self._session.request(method, url, data=data, timeout=timeout) as reply:
+                return reply.status, await reply.read()
+        except TimeoutError as exc:
+            raise TimedOut from exc
+        except aiohttp.ClientError as exc:
+            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(slots=True)
@@ -112,9 +166,8 @@ class _Turn:
     status: str = THINKING
     tool: str | None = None
     tool_since: float = 0.0
-    opened: bool = False
     posting: bool = False
-    """The placeholder is being posted: let it land rather than cancel it."""
+    """The placeholder is being posted (or was): let it land, never cancel it."""
     opener: asyncio.Task[None] | None = None
     typing: asyncio.Task[None] | None = None
 
@@ -126,14 +179,6 @@ class _Card:
     html: str
 
 
-def parse_command(text: str) -> tuple[str, str, str | None] | None:
-    """`/name@bot args` → (name, args, bot or None); None when it is not a command."""
-    match = _COMMAND.fullmatch(text)
-    if match is None:
-        return None
-    return match.group(1).lower(), match.group(3).strip(), match.group(2)
-
-
 def _seconds(value: int | float | dt.timedelta) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
@@ -142,39 +187,41 @@ def _is(exc: BadRequest, *needles: str) -> bool:
     return any(n in exc.message.lower() for n in needles)
 
 
-def _keyboard(buttons: list[list[tuple[str, str]]]) -> InlineKeyboardMarkup | None:
-    rows = [[InlineKeyboardButton(label, callback_data=data) for label, data in row]
-            for row in buttons if row]
-    return InlineKeyboardMarkup(rows) if rows else None
+def _keyboard(rows: Rows | None) -> InlineKeyboardMarkup | None:
+    buttons = [[InlineKeyboardButton(label, callback_data=data) for label, data in row]
+               for row in rows or [] if row]
+    return InlineKeyboardMarkup(buttons) if buttons else None
 
 
-CANCEL_KEYBOARD = [[("⏹ Cancel", pack(CancelButton()))]]
+def _where(conv: ConvKey) -> tuple[int, int | None]:
+    return int(conv.chat_id), int(conv.thread_id) if conv.thread_id else None
 
 
 class TelegramAdapter:
     def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0,
-                 placeholder_delay: float = PLACEHOLDER_DELAY_S,
-                 typing_interval: float = TYPING_EVERY_S) -> None:
+                 placeholder_delay: float = 0.5, typing_delay: float = 0.2,
+                 typing_interval: float = 4.0) -> None:
         tg = config.telegram
         if not tg.token:
             raise ConfigError("telegram.token", "is required when telegram.enabled is true")
         self.config, self.hub = config, hub
         self.min_edit_interval = min_edit_interval
-        self.placeholder_delay = placeholder_delay
+        self.placeholder_delay, self.typing_delay = placeholder_delay, typing_delay
         self.typing_interval = typing_interval
         self.render: Callable[[str], str] = render.to_html
         self.allowed = set(tg.allowed_users) | set(tg.approvers)
-        base = tg.base_url.rstrip("/")
-        file_url = base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") \
-            else "https://api.telegram.org/file/bot"
-        self.app: App = (ApplicationBuilder().token(tg.token).base_url(tg.base_url)
-                         .base_file_url(file_url).concurrent_updates(True).build())
+        head, bot, tail = tg.base_url.rstrip("/").rpartition("/bot")
+        files = f"{head}/file/bot{tail}" if bot else "https://api.telegram.org/file/bot"
+        self._requests = (AiohttpRequest(), AiohttpRequest(connections=2))
+        self.app: Application[Any, Any, Any, Any, Any, Any] = (
+            ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(files)
+            .request(self._requests[0]).get_updates_request(self._requests[1])
+            .concurrent_updates(True).job_queue(None).build())
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & filters.TEXT,
                                             self._on_message))
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_error)
-        self.username = ""
-        self.bot_id = 0
+        self.username, self.bot_id = "", 0
         self._running = False
         self._turns: dict[ConvKey, _Turn] = {}
         self._cards: dict[str, _Card] = {}
@@ -188,56 +235,57 @@ class TelegramAdapter:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.app.initialize()  # getMe
+        try:
+            await self.app.initialize()  # getMe
+        except InvalidToken:
+            raise ConfigError("telegram.token", "was rejected by Telegram") from None
         me = self.app.bot.bot
         self.username, self.bot_id = me.username or "", me.id
         await self.app.bot.set_my_commands([BotCommand(n, d) for n, d in COMMANDS])
         if not self.config.telegram.allowed_users:
             log.warning("telegram.allowed_users is empty: Tandem answers nobody on Telegram")
         assert self.app.updater is not None
+        self._running = True  # before the first update can be handled
         await self.app.updater.start_polling(allowed_updates=["message", "callback_query"])
         await self.app.start()
-        self._running = True
         log.info("Telegram: polling as @%s", self.username)
 
     async def stop(self) -> None:
         if self.app.updater is not None and self.app.updater.running:
-            await self.app.updater.stop()  # confirms the offset of every fetched update
+            await self.app.updater.stop()  # confirms every fetched update
         if self.app.running:
-            await self.app.stop()  # handles updates already fetched
+            await self.app.stop()  # handles the updates already fetched
         self._running = False
         for turn in self._turns.values():
             await self._quiet(turn, land=False)
             await turn.live.close()
         self._turns.clear()
         await self.app.shutdown()
+        for request in self._requests:  # also when start() failed half way
+            await request.shutdown()
 
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         log.error("Telegram: handling an update failed", exc_info=context.error)
+        message = update.effective_message if isinstance(update, Update) else None
+        if isinstance(context.error, TandemError) and message is not None:
+            await self._reply(message, user_message(context.error))
 
     # -- inbound ----------------------------------------------------------------------
 
     def _conv(self, message: Message | MaybeInaccessibleMessage) -> ConvKey:
-        chat = message.chat
         thread = None
-        if chat.type != ChatType.PRIVATE and isinstance(message, Message) \
+        if message.chat.type != ChatType.PRIVATE and isinstance(message, Message) \
                 and message.is_topic_message and message.message_thread_id:
             thread = str(message.message_thread_id)
-        return ConvKey(PLATFORM, str(chat.id), thread)
+        return ConvKey(PLATFORM, str(message.chat.id), thread)
 
     def _user(self, user: TgUser) -> User:
         self._names[str(user.id)] = user.first_name
         suffix = f" (@{user.username})" if user.username else ""
         return User(str(user.id), user.first_name + suffix)
 
-    def _lock(self, conv: ConvKey) -> asyncio.Lock:
-        lock = self._locks.get(conv)
-        if lock is None:
-            lock = self._locks[conv] = asyncio.Lock()
-        return lock
-
     def _addressed(self, message: Message, text: str) -> bool:
-        """In a group: mentioned, replied to, or a command (not another bot's)."""
+        """In a group: a mention, a reply to Tandem, or a command not for another bot."""
         if not self.config.telegram.groups.require_mention:
             return True
         reply = message.reply_to_message
@@ -249,13 +297,11 @@ class TelegramAdapter:
             if value.lower() == f"@{self.username.lower()}" or \
                     (entity.user is not None and entity.user.id == self.bot_id):
                 return True
-        command = parse_command(text)
-        return command is not None and (command[2] or self.username).lower() \
-            == self.username.lower()
+        command = render.parse_command(text)
+        return command is not None and self._for_me(command[2])
 
-    def _strip_mention(self, text: str) -> str:
-        name = re.escape(self.username)
-        return re.sub(rf"(?<![\w@])@{name}(?!\w)[,:]?\s*", "", text, flags=re.IGNORECASE).strip()
+    def _for_me(self, target: str | None) -> bool:
+        return target is None or target.lower() == self.username.lower()
 
     async def _on_message(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
@@ -268,11 +314,12 @@ class TelegramAdapter:
             await self._refuse(message, sender.id)
             return
         conv, user = self._conv(message), self._user(sender)
-        text, ref = self._strip_mention(message.text), f"tg:{update.update_id}"
-        command = parse_command(text)
-        if command is not None and command[2] and command[2].lower() != self.username.lower():
-            return  # `/cmd@another_bot`
-        async with self._lock(conv):  # updates run concurrently; keep one chat's order
+        text, ref = render.strip_mention(message.text, self.username), f"tg:{update.update_id}"
+        command = render.parse_command(text)
+        if command is not None and not self._for_me(command[2]):
+            return
+        lock = self._locks.get(conv) or self._locks.setdefault(conv, asyncio.Lock())
+        async with lock:  # updates are handled concurrently: keep one chat's order
             if command is not None and command[0] in ("stop", "cancel"):
                 self.hub.cancel(Cancel(conv, user, ref))
                 return
@@ -286,7 +333,8 @@ class TelegramAdapter:
             await self._reply(message, receipt.note)
 
     async def _refuse(self, message: Message, user_id: int) -> None:
-        if user_id in self._refused:
+        """One short answer per stranger (per process), with the id an admin needs."""
+        if user_id in self._refused or len(self._refused) > 10_000:
             return
         self._refused.add(user_id)
         log.info("Telegram: message from user %s, who is not in telegram.allowed_users", user_id)
@@ -294,8 +342,10 @@ class TelegramAdapter:
                           f"id is {user_id}; an admin can add it to telegram.allowed_users.")
 
     async def _reply(self, message: Message, text: str) -> None:
-        with contextlib.suppress(TelegramError):
+        try:
             await message.reply_text(text, do_quote=False)
+        except TelegramError:
+            log.warning("Telegram: could not reply in chat %s", message.chat.id, exc_info=True)
 
     async def _on_callback(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         query = update.callback_query
@@ -308,8 +358,8 @@ class TelegramAdapter:
         if data is None or query.message is None:
             await self._answer(query, "This button is no longer valid.", alert=True)
             return
-        conv, user, ref = self._conv(query.message), self._user(query.from_user), \
-            f"tg:cb:{query.id}"
+        conv, user = self._conv(query.message), self._user(query.from_user)
+        ref = f"tg:cb:{query.id}"
         match data:
             case ApprovalButton(approval_id, verdict):
                 self._remember_card(approval_id, query.message)
@@ -319,16 +369,15 @@ class TelegramAdapter:
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
                 receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
-        refused = not receipt.accepted and bool(receipt.note)
-        await self._answer(query, receipt.note, alert=refused)
+        await self._answer(query, receipt.note, alert=not receipt.accepted and bool(receipt.note))
 
     def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> None:
-        """After a restart the card is only known from the press on it."""
+        """After a restart a card is known only from the press on it."""
         if approval_id not in self._cards and isinstance(message, Message) and message.text:
             self._cards[approval_id] = _Card(message.chat.id, message.message_id,
                                              message.text_html)
 
-    async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool = False) -> None:
+    async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool) -> None:
         try:
             await query.answer(text[:200] if text else None, show_alert=alert)
         except TelegramError:
@@ -341,27 +390,24 @@ class TelegramAdapter:
             log.debug("Telegram: stopped; %s dropped", type(event).__name__)
             return
         try:
-            await self._render(event)
+            match event:
+                case TurnStarted():
+                    await self._turn_started(event.conv)
+                case Progress():
+                    self._progress(event)
+                case TurnEnded():
+                    await self._turn_ended(event)
+                case ApprovalRequested():
+                    await self._approval_requested(event)
+                case ApprovalResolved():
+                    await self._approval_resolved(event)
+                case Notice():
+                    await self._notice(event.conv, event.text, event.buttons)
+                case Queued():
+                    await self._queued(event)
         except (TelegramError, RetryLater):
             log.warning("Telegram: could not show %s in %s", type(event).__name__, event.conv,
                         exc_info=True)
-
-    async def _render(self, event: Event) -> None:
-        match event:
-            case TurnStarted():
-                await self._turn_started(event.conv)
-            case Progress():
-                self._progress(event)
-            case TurnEnded():
-                await self._turn_ended(event)
-            case ApprovalRequested():
-                await self._approval_requested(event)
-            case ApprovalResolved():
-                await self._approval_resolved(event)
-            case Notice():
-                await self._notice(event.conv, event.text, event.buttons)
-            case Queued():
-                await self._queued(event)
 
     async def _turn_started(self, conv: ConvKey) -> None:
         old = self._turns.pop(conv, None)
@@ -371,15 +417,14 @@ class TelegramAdapter:
         chat, thread = _where(conv)
         live: LiveMessage[_Posted] = LiveMessage(
             lambda text, on: self._live_post(chat, thread, text, on), self._live_edit,
-            limit=MAX_TEXT, min_interval=self.min_edit_interval,
-            hold=lambda: self._edit_at(chat))
+            limit=MAX_TEXT, min_interval=self.min_edit_interval, hold=lambda: self._edit_at(chat))
         turn = self._turns[conv] = _Turn(live)
         loop = asyncio.get_running_loop()
         turn.typing = loop.create_task(self._typing(chat, thread, turn))
-        if self.placeholder_delay <= 0:
-            await self._open(turn)
-        else:
+        if self.placeholder_delay > 0:
             turn.opener = loop.create_task(self._open(turn, self.placeholder_delay))
+        else:
+            await self._open(turn)
 
     async def _open(self, turn: _Turn, delay: float = 0.0) -> None:
         if delay:
@@ -387,7 +432,6 @@ class TelegramAdapter:
         turn.posting = True
         shown = turn.status
         await turn.live.open(shown)
-        turn.opened = True
         if turn.status != shown:
             turn.live.update(turn.status)
 
@@ -395,21 +439,23 @@ class TelegramAdapter:
         turn = self._turns.get(event.conv)
         if turn is None:
             return
+        turn.tool = None
         if event.text:
-            turn.tool, status = None, event.text
+            status = event.text
         elif event.phase is Phase.TOOL and event.tool:
             turn.tool, turn.tool_since = event.tool, time.monotonic()
             status = f"⚙️ Running `{event.tool}`…"
         elif event.phase is Phase.APPROVAL:
-            turn.tool, status = None, "🔐 Waiting for approval…"
+            status = "🔐 Waiting for approval…"
         else:
-            turn.tool, status = None, THINKING
+            status = THINKING
         if status != turn.status:
             turn.status = status
             turn.live.update(status)
 
     async def _typing(self, chat: int, thread: int | None, turn: _Turn) -> None:
         """Typing while the turn runs; also ticks the seconds of a running tool."""
+        await asyncio.sleep(self.typing_delay)
         while True:
             if self._pace(chat).hold_until <= time.monotonic():
                 try:
@@ -426,29 +472,28 @@ class TelegramAdapter:
     async def _quiet(self, turn: _Turn, *, land: bool) -> None:
         """Stop typing; cancel a placeholder not yet due, or (`land`) await one being posted."""
         tasks = [t for t in (turn.typing, turn.opener) if t is not None]
+        if turn.typing is not None:
+            turn.typing.cancel()
+        if turn.opener is not None and not (land and turn.posting):
+            turn.opener.cancel()
         turn.typing = turn.opener = None
-        for task in tasks:
-            if not (land and task is tasks[-1] and turn.posting):
-                task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _placeholder(self, turn: _Turn) -> None:
-        """Post the placeholder now if it is still only due."""
-        if turn.opener is not None and not turn.posting:
-            turn.opener.cancel()
-            await asyncio.gather(turn.opener, return_exceptions=True)
-            turn.opener = None
-        if turn.opener is not None:
-            await asyncio.gather(turn.opener, return_exceptions=True)
-        elif not turn.opened:
+        """Have the placeholder on screen now, whether or not it was due yet."""
+        opener, turn.opener = turn.opener, None
+        if opener is not None and not turn.posting:
+            opener.cancel()
+        if opener is not None:
+            await asyncio.gather(opener, return_exceptions=True)
+        if not turn.posting:
             await self._open(turn)
 
     async def _turn_ended(self, event: TurnEnded) -> None:
         turn = self._turns.pop(event.conv, None)
         text = event.text
         if event.suspended:
-            text = f"{text.rstrip()}\n\n⏸ Waiting for approval" if text.strip() \
-                else "⏸ Waiting for approval"
+            text = f"{text.rstrip()}\n\n{WAITING}" if text.strip() else WAITING
         if turn is None:
             await self._notice(event.conv, text, ())
             return
@@ -458,8 +503,8 @@ class TelegramAdapter:
 
     async def _approval_requested(self, event: ApprovalRequested) -> None:
         turn = self._turns.get(event.conv)
-        if turn is not None:  # keep the placeholder above the card
-            await self._placeholder(turn)
+        if turn is not None:
+            await self._placeholder(turn)  # the placeholder goes above the card
         chat, thread = _where(event.conv)
         requester = self._names.get(event.requester.id) or event.requester.name \
             or event.requester.id
@@ -476,28 +521,28 @@ class TelegramAdapter:
         ids = [(label, pack(ApprovalButton(event.approval_id, verdict))) for label, verdict in
                (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
                 ("♾️ Always in this chat", Verdict.ALWAYS))]
-        message = await self._send(chat, thread, card, card, [ids[:2], ids[2:]], reply_to)
-        if message is not None:
-            self._cards[event.approval_id] = _Card(chat, message.message_id, card)
+        message = await self._send(chat, thread, card, render.plain(card), [ids[:2], ids[2:]],
+                                   reply_to)
+        self._cards[event.approval_id] = _Card(chat, message.message_id, card)
 
     async def _approval_resolved(self, event: ApprovalResolved) -> None:
         by = (event.by.name or event.by.id) if event.by is not None else None
         line = render.outcome_line(event.outcome, by)
         card = self._cards.pop(event.approval_id, None)
         if card is not None:
-            ref = _Posted(card.chat, None, card.message_id)
-            if await self._edit(ref, f"{card.html}\n\n{line}", None, final=True):
+            edited = _Posted(card.chat, None, card.message_id)
+            if await self._edit(edited, f"{card.html}\n\n{line}", None, None, final=True):
                 return
         chat, thread = _where(event.conv)
-        await self._send(chat, thread, line, line)
+        await self._send(chat, thread, line, render.plain(line))
 
     async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
         chat, thread = _where(conv)
         parts = split_text(text or " ", MAX_TEXT)
         rows = [[(b.label, b.data) for b in buttons[i : i + 3]] for i in range(0, len(buttons), 3)]
         for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            await self._send(chat, thread, self.render(part), part, rows if last else None)
+            await self._send(chat, thread, self.render(part), part,
+                             rows if i == len(parts) - 1 else None)
 
     async def _queued(self, event: Queued) -> None:
         where = self._recent.get(event.ref or "")
@@ -507,9 +552,8 @@ class TelegramAdapter:
             await self._api(where[0], lambda: self.app.bot.set_message_reaction(
                 where[0], where[1], [ReactionTypeEmoji("👀")]))
         except BadRequest:  # reactions are off in this chat
-            chat, thread = _where(event.conv)
-            await self._send(chat, thread, "👀 Got it; I will answer after the current reply.",
-                             "👀 Got it; I will answer after the current reply.")
+            note = "👀 Got it; I will answer after the current reply."
+            await self._send(*_where(event.conv), note, note)
 
     # -- the Bot API, paced -----------------------------------------------------------
 
@@ -523,9 +567,8 @@ class TelegramAdapter:
         pace = self._pace(chat)
         return max(pace.last_edit + self.min_edit_interval, pace.hold_until)
 
-    async def _api(self, chat: int, call: Callable[[], Awaitable[T]], *,
-                   wait: bool = True) -> T:
-        """One call; on flood control hold the chat, then wait and retry (or RetryLater)."""
+    async def _api(self, chat: int, call: Callable[[], Awaitable[T]], *, wait: bool = True) -> T:
+        """One call; flood control holds the chat, then waits and retries (or RetryLater)."""
         pace = self._pace(chat)
         give_up = time.monotonic() + FINAL_DEADLINE_S
         while True:
@@ -541,10 +584,10 @@ class TelegramAdapter:
                     raise RetryLater(seconds) from None
 
     async def _send(self, chat: int, thread: int | None, html_text: str, plain: str,
-                    buttons: list[list[tuple[str, str]]] | None = None,
-                    reply_to: int | None = None, *, wait: bool = True) -> Message | None:
+                    rows: Rows | None = None, reply_to: int | None = None, *,
+                    wait: bool = True) -> Message:
         """Send HTML; if Telegram cannot parse it, the same text as plain text."""
-        markup = _keyboard(buttons or [])
+        markup = _keyboard(rows)
         reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
 
         def send(text: str, mode: str | None) -> Callable[[], Awaitable[Message]]:
@@ -560,11 +603,10 @@ class TelegramAdapter:
             log.warning("Telegram: HTML rejected (%s); sending plain text", exc.message)
             return await self._api(chat, send(plain, None), wait=wait)
 
-    async def _edit(self, ref: _Posted, html_text: str, plain: str | None,
-                    buttons: list[list[tuple[str, str]]] | None = None, *, final: bool) -> bool:
-        """Edit (a final edit waits for the chat's pace); False if the message is gone."""
-        assert ref.message_id is not None
-        message_id, markup = ref.message_id, _keyboard(buttons or [])
+    async def _edit(self, ref: _Posted, html_text: str, plain: str | None, rows: Rows | None,
+                    *, final: bool) -> bool:
+        """Edit; a final edit waits for the chat's pace. False: the message is gone."""
+        message_id, markup = ref.message_id, _keyboard(rows)
         if final and (delay := self._edit_at(ref.chat) - time.monotonic()) > 0:
             await asyncio.sleep(delay)
 
@@ -579,8 +621,8 @@ class TelegramAdapter:
                 if not _is(exc, "can't parse entities"):
                     raise
                 log.warning("Telegram: HTML rejected (%s); editing as plain text", exc.message)
-                plain = plain if plain is not None else render.plain(html_text)
-                await self._api(ref.chat, edit(plain, None), wait=final)
+                await self._api(ref.chat, edit(plain or render.plain(html_text), None),
+                                wait=final)
         except BadRequest as exc:
             if _is(exc, "not modified"):
                 return True
@@ -592,36 +634,31 @@ class TelegramAdapter:
         return True
 
     async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> _Posted:
-        """LiveMessage's `post`: a new message (with ⏹ Cancel while live)."""
-        buttons = CANCEL_KEYBOARD if live else None
+        """LiveMessage's `post`: a new message, with ⏹ Cancel while live."""
         try:
-            message = await self._send(chat, thread, self.render(text), text, buttons, wait=False)
+            message = await self._send(chat, thread, self.render(text), text,
+                                       CANCEL_KEYBOARD if live else None, wait=False)
         except (BadRequest, Forbidden):
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
             return _Posted(chat, thread, None)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc
-        return _Posted(chat, thread, message.message_id if message else None)
+        return _Posted(chat, thread, message.message_id)
 
     async def _live_edit(self, ref: _Posted, text: str, live: bool) -> None:
-        """LiveMessage's `edit`; a vanished message is posted again."""
+        """LiveMessage's `edit`; a message that vanished is posted again."""
         try:
             if ref.message_id is None or not await self._edit(
                     ref, self.render(text), text, CANCEL_KEYBOARD if live else None,
                     final=not live):
-                posted = await self._live_post(ref.chat, ref.thread, text, live)
-                ref.message_id = posted.message_id
+                ref.message_id = (await self._live_post(ref.chat, ref.thread, text, live)) \
+                    .message_id
         except (BadRequest, Forbidden):
             log.error("Telegram: could not edit in chat %s", ref.chat, exc_info=True)
         except NetworkError as exc:
-            if live:
-                log.info("Telegram: streaming edit failed: %s", exc)
-                return
-            raise RetryLater(2.0) from exc
-
-
-def _where(conv: ConvKey) -> tuple[int, int | None]:
-    return int(conv.chat_id), int(conv.thread_id) if conv.thread_id else None
+            if not live:
+                raise RetryLater(2.0) from exc
+            log.info("Telegram: a streaming edit failed: %s", exc)
 
 
 def create(config: Config, hub: Hub, dispatch: Dispatch) -> TelegramAdapter:

@@ -1,4 +1,5 @@
-"""Telegram texts: Markdown as Telegram HTML, approval cards and their outcomes.
+"""Telegram texts: Markdown as Telegram HTML, approval cards, and commands and mentions
+in what users write.
 
 `to_html` turns the Markdown a model writes into the HTML subset Telegram accepts:
 **bold**, *italic*, ~~strike~~, `code`, fenced code (`<pre><code class="language-x">`),
@@ -21,6 +22,7 @@ _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _TOKEN = re.compile(r"\\[!-/:-@\[-`{-~]|`+|\*\*|__|~~|\*|_|\[")
 _LINK = re.compile(r"\[([^\]\n]+)\]\(([^()\s]+)\)")
 _SAFE_URL = re.compile(r"(https?://|tg://|mailto:)\S+", re.IGNORECASE)
+_COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]+))?(?:\s+|$)(.*)", re.DOTALL)
 _TAGS = {"**": "b", "__": "b", "*": "i", "_": "i", "~~": "s"}
 _WORDY = ("_", "__")
 """Underscore markers do not open or close inside a word (snake_case stays text)."""
@@ -182,3 +184,20 @@ def outcome_line(outcome: str, by: str | None) -> str:
 def plain(html_text: str) -> str:
     """The visible text of HTML this module made (for the plain-text fallback)."""
     return html.unescape(re.sub(r"<[^>]+>", "", html_text))
+
+
+# -- what users write -----------------------------------------------------------------
+
+
+def parse_command(text: str) -> tuple[str, str, str | None] | None:
+    """`/name@bot args` → (name, args, bot or None); None when it is not a command."""
+    match = _COMMAND.fullmatch(text)
+    if match is None:
+        return None
+    return match.group(1).lower(), match.group(3).strip(), match.group(2)
+
+
+def strip_mention(text: str, username: str) -> str:
+    """The text without `@username` (and a comma or colon after it)."""
+    name = re.escape(username)
+    return re.sub(rf"(?<![\w@])@{name}(?!\w)[,:]?\s*", "", text, flags=re.IGNORECASE).strip()

@@ -86,6 +86,8 @@ class Hub:
         self._convs: OrderedDict[ConvKey, Conversation] = OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._closing = False
+        self._early: set[str] | None = set()
+        """Refs accepted before `recover()` looked for unhandled inbound: already queued."""
         self.scheduler: Any = None
         """The job scheduler, when one runs (see `bot.scheduler`)."""
 
@@ -105,9 +107,11 @@ class Hub:
             row = await self.d.store.conversation_by_id(approval.conv_id)
             if row is not None:
                 self._arm_expiry(row.key, approval)
-        for ref, kind, payload in await self.d.store.unprocessed_inbound():
+        rows = await self.d.store.unprocessed_inbound()
+        early, self._early = self._early or set(), None
+        for ref, kind, payload in rows:
             item = _decode(kind, payload, ref)
-            if item is not None:
+            if item is not None and ref not in early:  # else this process queued it already
                 self._enqueue(item)
 
     async def close(self) -> None:
@@ -154,6 +158,8 @@ class Hub:
             if not await self.d.store.accept_inbound(item.ref, item.conv, kind, payload):
                 log.info("duplicate inbound %s ignored", item.ref)
                 return Receipt(False, None)
+            if self._early is not None:
+                self._early.add(item.ref)
         if isinstance(item, Decision):
             refusal = await self._check_decision(item)
             if refusal is not None:

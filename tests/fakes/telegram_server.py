@@ -1233,7 +1233,7 @@ class FakeTelegram:
             best = max(best, right - left + 1)
         return best
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         """Wait until ``predicate()`` holds; it is re-checked after every API call."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -1,0 +1,203 @@
+"""The Telegram adapter under load: N private chats × M turns through FakeTelegram.
+
+Everything real except the model: python-telegram-bot polls the fake Bot API over HTTP
+(the fake runs in this process and shares its CPU), the hub runs on SQLite on disk, and
+an instant in-process model answers every call. Two phases, each on a fresh database:
+
+* throughput: every chat sends its next message the moment the previous answer shows;
+  latency here is mostly queueing (Little's law: chats / throughput);
+* latency: every chat waits a think time (uniform 0.5-1.5 x `--think` s) between turns,
+  so the bot is loaded but not saturated;
+* streaming: the model takes `--stream` s per answer (a chunk every 0.1 s), so turns
+  post a placeholder and edit it; here latency excludes the model's time.
+
+Measured: turns per second; the bot's added latency per turn, from the fake handing out
+the update in getUpdates to the answer's final text on screen (p50/p99); the highest
+edit rate seen in any chat. Run: `python benchmarks/telegram_bench.py [--chats 50]
+[--turns 10] [--think 1.0] [--stream 3.0] [--flood] [--profile out.prof]`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import argparse
+import asyncio
+import cProfile
+import logging
+import platform
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adapters.telegram import create
+from bot.app import build
+from bot.config import Config
+from bot.llm import Completion, Delta, StreamItem
+from tests.fakes.telegram_server import FakeTelegram, JSONDict
+
+REPO = Path(__file__).resolve().parent.parent
+QUESTION = re.compile(r"q(\d+)-(\d+)")
+FIRST_USER = 10_000
+
+
+class InstantModel:
+    """An in-process model that answers `q<chat>-<turn>` with `a<chat>-<turn>`: at once, or
+    streamed over `stream_s` seconds (a chunk every 0.1 s)."""
+
+    model = "instant"
+
+    def __init__(self, stream_s: float = 0.0) -> None:
+        self.stream_s = stream_s
+
+    async def stream(self, messages: Sequence[dict[str, Any]],
+                     tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
+        found = QUESTION.findall(str(messages[-1].get("content", "")))
+        tag = "a{}-{}".format(*found[-1]) if found else "a?"
+        pieces = ["Sure", ", here", " it is: "] + ["more "] * int(self.stream_s * 10)
+        for piece in pieces:
+            if self.stream_s:
+                await asyncio.sleep(0.1)
+            yield Delta(piece)
+        yield Completion("".join(pieces) + tag, (), 100, 8)
+
+
+class TimedTelegram(FakeTelegram):
+    """The fake, stamping when each update is handed out and each answer is final."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.served: dict[int, float] = {}
+        self.shown: dict[str, float] = {}
+        self.waiters: dict[str, asyncio.Event] = {}
+
+    async def _get_updates(self, params: JSONDict) -> list[JSONDict]:
+        result = await super()._get_updates(params)
+        now = time.monotonic()
+        for update in result:
+            self.served.setdefault(update["update_id"], now)
+        return result
+
+    def _final(self, result: JSONDict) -> JSONDict:
+        match = re.search(r"a\d+-\d+", result.get("text", ""))
+        if match and "reply_markup" not in result:
+            self.shown.setdefault(match.group(0), time.monotonic())
+            waiter = self.waiters.get(match.group(0))
+            if waiter is not None:
+                waiter.set()
+        return result
+
+    async def _send_message(self, params: JSONDict) -> JSONDict:
+        return self._final(await super()._send_message(params))
+
+    async def _edit_message_text(self, params: JSONDict) -> JSONDict:
+        return self._final(await super()._edit_message_text(params))
+
+
+async def chat_loop(fake: TimedTelegram, chat: int, turns: int, update_ids: dict[str, int],
+                    think: float) -> None:
+    await asyncio.sleep(random.uniform(0, 2 * think))
+    for turn in range(turns):
+        tag = f"{chat}-{turn}"
+        fake.waiters[f"a{tag}"] = done = asyncio.Event()
+        update_ids[f"a{tag}"] = fake.push_message(FIRST_USER + chat, FIRST_USER + chat,
+                                                  f"q{tag}", first_name=f"User{chat}")
+        await asyncio.wait_for(done.wait(), 60)
+        await asyncio.sleep(random.uniform(0.5, 1.5) * think)
+
+
+async def run(chats: int, turns: int, flood: bool, think: float,
+              stream_s: float = 0.0) -> dict[str, float]:
+    users = [FIRST_USER + i for i in range(chats)]
+    async with TimedTelegram(flood=flood) as fake:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Config.model_validate({
+                "llm": {"model": "openai/instant", "context_window": 32000},
+                "store": {"path": f"{tmp}/bench.db"},
+                "persona": {"dir": str(REPO / "persona")}, "workspace": {"dir": f"{tmp}/ws"},
+                "telegram": {"enabled": True, "token": fake.token,
+                             "base_url": f"{fake.url}/bot", "allowed_users": users}})
+            hub, dispatch = build(config, model=InstantModel(stream_s))
+            await hub.d.store.open()
+            adapter = create(config, hub, dispatch)
+            try:
+                await adapter.start()
+                await hub.recover()
+                update_ids: dict[str, int] = {}
+                started = time.monotonic()
+                await asyncio.gather(*(chat_loop(fake, c, turns, update_ids, think)
+                                       for c in range(chats)))
+                elapsed = time.monotonic() - started
+                await hub.idle()
+            finally:
+                await adapter.stop()
+                await hub.close()
+                await hub.d.store.close()
+        latencies = sorted(1000 * (fake.shown[tag] - fake.served[uid] - stream_s)
+                           for tag, uid in update_ids.items())
+        cuts = statistics.quantiles(latencies, n=100)
+        return {
+            "turns": float(chats * turns), "seconds": elapsed,
+            "turns_per_s": chats * turns / elapsed, "p50_ms": cuts[49], "p99_ms": cuts[98],
+            "max_ms": latencies[-1],
+            "max_edits_per_s": float(max(fake.max_edit_rate(u) for u in users)),
+            "api_calls": float(len(fake.calls)), "rate_limited": float(len(fake.rate_limited)),
+            "edits": float(len(fake.calls_to("editMessageText"))),
+        }
+
+
+def report(name: str, result: dict[str, float]) -> None:
+    print(f"{name}: {result['turns']:.0f} turns in {result['seconds']:.2f} s")
+    print(f"  turns/s            {result['turns_per_s']:8.1f}")
+    print(f"  added latency p50  {result['p50_ms']:8.1f} ms")
+    print(f"  added latency p99  {result['p99_ms']:8.1f} ms   (max {result['max_ms']:.1f} ms)")
+    print(f"  max edits/s/chat   {result['max_edits_per_s']:8.0f}")
+    print(f"  API calls {result['api_calls']:.0f}, edits {result['edits']:.0f}, "
+          f"429s {result['rate_limited']:.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--think", type=float, default=1.0,
+                        help="mean seconds between a chat's turns in the latency phase")
+    parser.add_argument("--stream", type=float, default=3.0,
+                        help="seconds the model streams each answer in the streaming phase")
+    parser.add_argument("--flood", action="store_true",
+                        help="the fake's flood control on (1 edit/s per chat, burst 3)")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs; {args.chats} chats x "
+          f"{args.turns} turns, flood control {'on' if args.flood else 'off'}")
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    busy = asyncio.run(run(args.chats, args.turns, args.flood, 0.0))
+    paced = asyncio.run(run(args.chats, args.turns, args.flood, args.think))
+    streamed = asyncio.run(run(args.chats, max(1, args.turns // 3), args.flood, args.think,
+                               args.stream))
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+    report("throughput (no think time)", busy)
+    report(f"latency (think time ~{args.think:g} s)", paced)
+    report(f"streaming ({args.stream:g} s answers, model time not counted)", streamed)
+    edits = max(busy["max_edits_per_s"], paced["max_edits_per_s"], streamed["max_edits_per_s"])
+    print(f"targets: >= 200 turns/s: {busy['turns_per_s']:.0f}; p99 < 50 ms: "
+          f"{paced['p99_ms']:.1f} ms; <= 1 edit/s/chat: {edits:.0f}")
+
+
+if __name__ == "__main__":
+    main()
