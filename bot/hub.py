@@ -151,6 +151,9 @@ class Hub:
         """Take one inbound; returns at once (the work runs on the conversation's lane)."""
         if self._closing:
             return Receipt(False, "Tandem is shutting down.")
+        if item.ref is not None and isinstance(item, Cancel):
+            if not await self.d.store.accept_inbound(item.ref, item.conv, "cancel", "{}"):
+                return Receipt(False, None)  # a redelivered /stop
         if isinstance(item, Cancel):
             return self.cancel(item)
         if item.ref is not None:
