@@ -26,6 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import argparse
 import asyncio
 import cProfile
+import json
 import logging
 import platform
 import random
@@ -177,6 +178,7 @@ def main() -> None:
     parser.add_argument("--flood", action="store_true",
                         help="the fake's flood control on (1 edit/s per chat, burst 3)")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the run")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs; {args.chats} chats x "
@@ -197,6 +199,10 @@ def main() -> None:
     edits = max(busy["max_edits_per_s"], paced["max_edits_per_s"], streamed["max_edits_per_s"])
     print(f"targets: >= 200 turns/s: {busy['turns_per_s']:.0f}; p99 < 50 ms: "
           f"{paced['p99_ms']:.1f} ms; <= 1 edit/s/chat: {edits:.0f}")
+    if args.json:
+        figures = {"throughput": busy, "latency": paced, "streaming": streamed,
+                   "max_edits_per_s": edits}
+        Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
 
 
 if __name__ == "__main__":

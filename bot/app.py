@@ -61,7 +61,6 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
     registry = Registry(default_tools() if tools is None else tools)
     protected = protected_paths(config)
     env = shell.clean_env(dict(os.environ), config.secrets())
-    window = context_window(config.llm)
     tz = ZoneInfo(config.scheduler.timezone)
 
     def tool_context(conv: Conversation) -> ToolContext:
@@ -84,12 +83,13 @@ def build(config: Config, *, model: ModelClient | None = None, store: SQLiteStor
         jobs = len(hub.scheduler.active.get(conv.row.id, ())) if hub.scheduler else 0
         tasks_note = f" Scheduled tasks here: {jobs} (list_tasks shows them)." if jobs else ""
         return (f"[Current state; earlier state notes are stale. Time: "
-                f"{now:%Y-%m-%d %H:%M %Z}. Context: ~{used:,} of {window:,} tokens{older}."
+                f"{now:%Y-%m-%d %H:%M %Z}. Context: ~{used:,} of {deps.window:,} tokens{older}."
                 f"{tasks_note}]")
 
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, persona=persona, emit=dispatch.emit,
-                tool_context=tool_context, window=window, hint=hint)
+                tool_context=tool_context, window_source=lambda: context_window(config.llm),
+                hint=hint)
     approvers = {"telegram": {str(i) for i in config.telegram.approvers},
                  "slack": set(config.slack.approvers)}
     hub = Hub(deps, approvers)

@@ -290,8 +290,9 @@ class Hub:
             await self.runner.drive(conv, lane.cancel)
         finally:
             lane.cancel = None
-        for approval in await self.d.store.pending_approvals(conv.row.id):
-            self._arm_expiry(conv.row.key, approval)
+        if conv.turn is not None and any(r.state is CallState.ASKING for r in conv.turn.calls):
+            for approval in await self.d.store.pending_approvals(conv.row.id):
+                self._arm_expiry(conv.row.key, approval)
 
     # -- approvals --------------------------------------------------------------------
 

@@ -36,8 +36,6 @@ async def _serve(config: Config, chat: bool) -> int:
     from bot import llm
 
     hub, dispatch = build(config)
-    if not config.llm.context_window:
-        llm.preload()
     await hub.d.store.open()
     platforms: list[Platform] = []
     try:
@@ -50,10 +48,12 @@ async def _serve(config: Config, chat: bool) -> int:
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
             await hub.scheduler.start()
+            llm.preload()
             await console.run()
         else:
             await hub.recover()
             await hub.scheduler.start()
+            llm.preload()  # ready first; the model library loads while nobody waits
             await _wait_for_signal()
         return 0
     except TandemError as exc:

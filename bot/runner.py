@@ -44,8 +44,16 @@ class Deps:
     persona: Persona
     emit: Emit
     tool_context: Callable[[Conversation], ToolContext]
-    window: int
+    window_source: Callable[[], int]
     hint: Callable[[Conversation], str]
+    _window: int = 0
+
+    @property
+    def window(self) -> int:
+        """The context window in tokens, looked up on first use (it may import litellm)."""
+        if not self._window:
+            self._window = self.window_source()
+        return self._window
 
 
 class Runner:
