@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bot import commands
@@ -41,6 +40,7 @@ from bot.events import (
 from bot.history import CallState, Msg, Outcome
 from bot.intake import intake
 from bot.loop import CallRecord, ExitReason, TurnState
+from bot.recovery import encode_inbound, load_conversation, replay
 from bot.runner import Deps, Runner
 from bot.store import ApprovalRow
 
@@ -110,7 +110,7 @@ class Hub:
         rows = await self.d.store.unprocessed_inbound()
         early, self._early = self._early or set(), None
         for ref, kind, payload in rows:
-            item = _decode(kind, payload, ref)
+            item = replay(kind, payload, ref)
             if item is not None and ref not in early:  # else this process queued it already
                 self._enqueue(item)
 
@@ -423,38 +423,8 @@ class Hub:
         return conv
 
     async def _load(self, key: ConvKey) -> Conversation:
-        """Load and repair: calls a crash left unfinished become FINISHED(interrupted)."""
-        store = self.d.store
-        row = await store.conversation(key)
-        conv = Conversation.load(row, await store.history(row.id, row.session))
-        last = await store.last_turn(row.id, row.session)
-        if last is None or last.status == "done":
-            conv.trim_to(self.runner.budget())
-            return conv
-        records = [CallRecord(call=c.call, state=c.state, outcome=c.outcome)
-                   for c in await store.turn_calls(row.id, last.turn)]
-        state = TurnState(turn=last.turn, steps=last.steps, max_steps=self.config.limits.max_steps,
-                          calls=records, unattended=last.unattended, requester=last.requester)
-        conv.turn = state
-        interrupted = []
-        for record in records:
-            if record.state in (CallState.FINISHED, CallState.ASKING):
-                continue
-            await self.runner.finish(conv, state, record, Outcome.INTERRUPTED,
-                                     "interrupted: Tandem stopped while this call was pending "
-                                     "or running; it may or may not have completed")
-            interrupted.append(record.call.name)
-        if last.status == "running":
-            asking = any(r.state is CallState.ASKING for r in records)
-            await store.end_turn(row.id, last.turn, "suspended" if asking else "done",
-                                 None if asking else "interrupted")
-            if not asking:
-                conv.turn = None
-            what = f" (`{'`, `'.join(interrupted)}` was interrupted)" if interrupted else ""
-            conv.notices.append(f"An earlier answer here was interrupted{what}. "
-                                "Send your message again if you still need the answer.")
-        conv.trim_to(self.runner.budget())
-        return conv
+        return await load_conversation(self.d.store, self.runner, key,
+                                       self.config.limits.max_steps)
 
     async def reset(self, conv: Conversation) -> None:
         """`/new`: finish whatever waits, start a fresh session."""
@@ -478,35 +448,6 @@ def _args(record: CallRecord) -> dict[str, object]:
     from bot.tools import parse_arguments
 
     return parse_arguments(record.call.arguments)
-
-
-def encode_inbound(item: Inbound) -> tuple[str, str]:
-    match item:
-        case UserMessage():
-            return "message", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
-                                          "text": item.text, "context": item.context})
-        case Trigger():
-            return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
-                                          "prompt": item.prompt, "late": item.late,
-                                          "requester": item.requester})
-        case _:
-            return type(item).__name__.lower(), "{}"
-
-
-def _decode(kind: str, payload: str, ref: str) -> Inbound | None:
-    """Rebuild an inbound recorded before a crash (only messages and triggers replay)."""
-    try:
-        data = json.loads(payload)
-        conv = ConvKey(**data["conv"])
-        if kind == "message":
-            return UserMessage(conv, User(**data["user"]), data["text"], ref=ref,
-                               context=data.get("context"))
-        if kind == "trigger":
-            return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
-                           requester=data.get("requester", ""))
-    except (ValueError, KeyError, TypeError):
-        log.warning("could not replay inbound %s", ref)
-    return None
 
 
 __all__ = ["Hub", "Receipt", "Sink", "TandemError"]

@@ -20,6 +20,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.errors import ToolError
 from bot.events import Trigger
+from bot.recovery import encode_inbound
 from bot.schedule_spec import parse, previous_fire
 from bot.store import ConvRow, JobRow
 from bot.store.sqlite import short_id
@@ -92,8 +93,6 @@ class Scheduler:
 
     async def fire(self, job_id: str, slot: float, *, late: bool) -> bool:
         """Claim `slot` and hand the run to the hub; False if it already ran."""
-        from bot.hub import encode_inbound
-
         job = await self.store.job(job_id)
         if job is None or not job.active:
             return False
