@@ -19,9 +19,10 @@ def doctor(config: Config) -> int:
     results += asyncio.run(_database(config))
     results += _platforms(config)
     results += asyncio.run(_model(config))
-    for _name, _status, _text in results:
-        pass
+    for name, status, text in results:
+        print(f"[{status}] {name}: {text}")
     failed = sum(1 for _, status, _ in results if status == BAD)
+    print("All checks passed." if not failed else f"{failed} check(s) failed.")
     return 1 if failed else 0
 
 

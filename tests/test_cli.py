@@ -211,3 +211,25 @@ async def test_ctrl_c_cancels_the_turn_not_the_program(model: FakeModelServer,
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err
     assert "Cancelled." in out.decode() and "Still here." in out.decode()
+
+
+async def test_doctor_says_what_is_wrong_in_plain_words(model: FakeModelServer,
+                                                        tmp_path: Path) -> None:
+    config = write_config(tmp_path, model)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "doctor",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()
+    assert "All checks passed." in out.decode()
+    (tmp_path / "persona" / "RULES.md").unlink()
+    broken = env(model)
+    broken["FAKE_API_BASE"] = "http://127.0.0.1:9/v1"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "doctor",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=broken, cwd=tmp_path)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    text = out.decode()
+    assert proc.returncode == 1
+    assert "[FAIL] persona: missing" in text and "RULES.md" in text
+    assert "[FAIL] model:" in text and "llm.api_base" in text

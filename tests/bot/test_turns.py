@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bot.app import default_tools
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -364,3 +365,47 @@ async def test_a_failing_model_falls_back_to_the_next_one(model: FakeModelServer
         [ended] = await core.sink.ended()
     assert ended.text == "from the backup"
     assert [r["model"] for r in model.requests] == ["fake", "backup"]
+
+
+def _cancelling_tool(core_ref: list[Core]) -> Any:
+    """A tool that presses Cancel while it runs, then returns normally."""
+    from bot.tools import Tool
+
+    async def press_cancel(_ctx: Any, _args: dict[str, Any]) -> str:
+        core = core_ref[0]
+        core.hub.cancel(Cancel(core.key, core.user))
+        return "done"
+
+    return Tool("press", "test tool", {"type": "object", "properties": {}}, press_cancel,
+                policy="allow")
+
+
+async def test_cancel_is_honoured_at_the_next_step_start(model: FakeModelServer,
+                                                         config_factory: Any) -> None:
+    ref: list[Core] = []
+    model.script(Reply(tool_calls=[ToolCallSpec("press", {})]), Reply(text="never asked"))
+    async with Core(config_factory(), tools=[_cancelling_tool(ref)]) as core:
+        ref.append(core)
+        await core.say("go")
+        [ended] = await core.sink.ended()
+    assert ended.reason == "cancelled"
+    assert len(model.requests) == 1  # the next step never started
+
+
+async def test_cancel_is_honoured_between_tool_calls(model: FakeModelServer,
+                                                     config_factory: Any,
+                                                     tmp_path: Path) -> None:
+    ref: list[Core] = []
+    model.script(Reply(tool_calls=[ToolCallSpec("press", {}), ToolCallSpec(
+        "write_file", {"path": "second.txt", "content": "x"})]), Reply(text="after"))
+    config = config_factory(approvals__tools={"write_file": "allow"})
+    async with Core(config, tools=[_cancelling_tool(ref), *default_tools()]) as core:
+        ref.append(core)
+        await core.say("go")
+        [ended] = await core.sink.ended()
+        await core.say("and now?")
+        await core.sink.ended(2)
+    assert ended.reason == "cancelled"
+    assert not (tmp_path / "workspace" / "second.txt").exists()
+    results = [m["content"] for m in model.last_messages() if m["role"] == "tool"]
+    assert results[0] == "done" and results[1].startswith("interrupted")
