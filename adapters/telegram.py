@@ -3,49 +3,28 @@
 Inbound: a handler checks access (fails closed), decides whether a group message is
 for Tandem, normalizes it and hands it to `hub.submit` (the hub dedupes `tg:<update_id>`
 refs, so a redelivered update is answered once). Outbound: one `LiveMessage` per turn,
-at most one edit per second per chat; Markdown goes out as Telegram HTML, as plain text
-if Telegram cannot parse it; a `retry_after` holds every send to that chat. Typing shows
+at most one edit per second per chat; Markdown goes out as Telegram HTML. Typing shows
 after `typing_delay`, the placeholder after `placeholder_delay`: a quick answer arrives
-as one message rather than a placeholder and an edit. Bot API calls go over aiohttp (a
-PTB `BaseRequest`), which costs a quarter of the CPU of PTB's default httpx transport.
+as one message rather than a placeholder and an edit. The Bot API calls themselves
+(flood holds, edit pacing, the plain-text fallback, the aiohttp transport) are in
+`adapters.telegram_api`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import aiohttp
-from telegram import (
-    BotCommand,
-    CallbackQuery,
-    InlineKeyboardButton,
-    InlineKeyboardMarkup,
-    InputFile,
-    MaybeInaccessibleMessage,
-    Message,
-    ReactionTypeEmoji,
-    ReplyParameters,
-    Update,
-)
+from telegram import BotCommand, CallbackQuery, MaybeInaccessibleMessage, Message, Update
 from telegram import User as TgUser
-from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
-from telegram.error import (
-    BadRequest,
-    Forbidden,
-    InvalidToken,
-    NetworkError,
-    RetryAfter,
-    TelegramError,
-    TimedOut,
-)
+from telegram.constants import ChatType, MessageEntityType
+from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, TelegramError
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -54,10 +33,10 @@ from telegram.ext import (
     MessageHandler,
     filters,
 )
-from telegram.request import BaseRequest, RequestData
 
 from adapters import telegram_render as render
-from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater, split_text
+from adapters.live import LiveMessage, RetryLater, split_text
+from adapters.telegram_api import AiohttpRequest, BotApi, Posted
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
@@ -93,76 +72,11 @@ COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
             ("approvals", "Standing approval rules here")]
 CANCEL_KEYBOARD = [[("⏹ Cancel", pack(CancelButton()))]]
-T = TypeVar("T")
-Rows = list[list[tuple[str, str]]]
-
-
-class AiohttpRequest(BaseRequest):
-    """PTB's transport boundary (`do_request` → status and body) on an aiohttp session."""
-
-    def __init__(self, *, read_timeout: float = 5.0, connect_timeout: float = 5.0,
-                 connections: int = 64) -> None:
-        self._read, self._connect, self._connections = read_timeout, connect_timeout, connections
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def read_timeout(self) -> float:
-        return self._read
-
-    async def initialize(self) -> None:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._connections)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
-
-    async def shutdown(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-
-    async def do_request(self, url: str, method: str, request_data: RequestData | None = None,
-                         read_timeout: object = None, write_timeout: object = None,
-                         connect_timeout: object = None, pool_timeout: object = None,
-                         ) -> tuple[int, bytes]:
-        if self._session is None or self._session.closed:
-            raise RuntimeError("AiohttpRequest is not initialized")
-        read = read_timeout if isinstance(read_timeout, int | float) else self._read
-        connect = connect_timeout if isinstance(connect_timeout, int | float) else self._connect
-        data: dict[str, str] | aiohttp.FormData | None = None
-        if request_data is not None:
-            data = request_data.json_parameters
-            if request_data.contains_files:
-                data = aiohttp.FormData(data)
-                for name, (filename, content, mime) in request_data.multipart_data.items():
-                    data.add_field(name, content, filename=filename, content_type=mime)
-        timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
-        try:
-            async with self._session.request(method, url, data=data, timeout=timeout) as reply:
-                return reply.status, await reply.read()
-        except TimeoutError as exc:
-            raise TimedOut from exc
-        except aiohttp.ClientError as exc:
-            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
-
-
-@dataclass(slots=True)
-class _Posted:
-    """A message the bot showed; `message_id` None: not on screen, the next edit posts."""
-
-    chat: int
-    thread: int | None
-    message_id: int | None
-
-
-@dataclass(slots=True)
-class _Pace:
-    """Per chat: when the last edit went out and until when Telegram said to wait."""
-
-    last_edit: float = 0.0
-    hold_until: float = 0.0
 
 
 @dataclass(slots=True)
 class _Turn:
-    live: LiveMessage[_Posted]
+    live: LiveMessage[Posted]
     status: str = THINKING
     tool: str | None = None
     tool_since: float = 0.0
@@ -179,20 +93,6 @@ class _Card:
     html: str
 
 
-def _seconds(value: int | float | dt.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
-
-
-def _is(exc: BadRequest, *needles: str) -> bool:
-    return any(n in exc.message.lower() for n in needles)
-
-
-def _keyboard(rows: Rows | None) -> InlineKeyboardMarkup | None:
-    buttons = [[InlineKeyboardButton(label, callback_data=data) for label, data in row]
-               for row in rows or [] if row]
-    return InlineKeyboardMarkup(buttons) if buttons else None
-
-
 def _where(conv: ConvKey) -> tuple[int, int | None]:
     return int(conv.chat_id), int(conv.thread_id) if conv.thread_id else None
 
@@ -205,7 +105,6 @@ class TelegramAdapter:
         if not tg.token:
             raise ConfigError("telegram.token", "is required when telegram.enabled is true")
         self.config, self.hub = config, hub
-        self.min_edit_interval = min_edit_interval
         self.placeholder_delay, self.typing_delay = placeholder_delay, typing_delay
         self.typing_interval = typing_interval
         self.render: Callable[[str], str] = render.to_html
@@ -217,6 +116,7 @@ class TelegramAdapter:
             ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(files)
             .request(self._requests[0]).get_updates_request(self._requests[1])
             .concurrent_updates(True).job_queue(None).build())
+        self.api = BotApi(self.app.bot, min_edit_interval=min_edit_interval)
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & filters.TEXT,
                                             self._on_message))
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
@@ -225,12 +125,20 @@ class TelegramAdapter:
         self._running = False
         self._turns: dict[ConvKey, _Turn] = {}
         self._cards: dict[str, _Card] = {}
-        self._paces: dict[int, _Pace] = {}
         self._names: dict[str, str] = {}
         self._refused: set[int] = set()
         self._recent: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._locks: weakref.WeakValueDictionary[ConvKey, asyncio.Lock] = \
             weakref.WeakValueDictionary()
+
+    @property
+    def min_edit_interval(self) -> float:
+        """Seconds between two edits in one chat (the pace `api` keeps)."""
+        return self.api.min_edit_interval
+
+    @min_edit_interval.setter
+    def min_edit_interval(self, value: float) -> None:
+        self.api.min_edit_interval = value
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -415,9 +323,10 @@ class TelegramAdapter:
             await self._quiet(old, land=False)
             await old.live.close()
         chat, thread = _where(conv)
-        live: LiveMessage[_Posted] = LiveMessage(
+        live: LiveMessage[Posted] = LiveMessage(
             lambda text, on: self._live_post(chat, thread, text, on), self._live_edit,
-            limit=MAX_TEXT, min_interval=self.min_edit_interval, hold=lambda: self._edit_at(chat))
+            limit=MAX_TEXT, min_interval=self.min_edit_interval,
+            hold=lambda: self.api.edit_at(chat))
         turn = self._turns[conv] = _Turn(live)
         loop = asyncio.get_running_loop()
         turn.typing = loop.create_task(self._typing(chat, thread, turn))
@@ -457,12 +366,7 @@ class TelegramAdapter:
         """Typing while the turn runs; also ticks the seconds of a running tool."""
         await asyncio.sleep(self.typing_delay)
         while True:
-            if self._pace(chat).hold_until <= time.monotonic():
-                try:
-                    await self.app.bot.send_chat_action(chat, ChatAction.TYPING,
-                                                        message_thread_id=thread)
-                except TelegramError:
-                    log.debug("Telegram: typing action failed", exc_info=True)
+            await self.api.typing(chat, thread)
             await asyncio.sleep(self.typing_interval)
             if turn.tool is not None:
                 seconds = render.duration(time.monotonic() - turn.tool_since)
@@ -511,18 +415,17 @@ class TelegramAdapter:
         file_name, reply_to = None, None
         if len(event.summary) > render.CARD_SUMMARY_LIMIT:
             file_name = "command.txt" if event.tool == "shell" else f"{event.tool}.txt"
-            document = InputFile(event.summary.encode(), filename=file_name)
-            sent = await self._api(chat, lambda: self.app.bot.send_document(
-                chat, document, caption=f"The full {event.tool} call awaiting approval.",
-                message_thread_id=thread))
+            sent = await self.api.send_document(
+                chat, thread, event.summary.encode(), file_name,
+                f"The full {event.tool} call awaiting approval.")
             reply_to = sent.message_id
         card = render.approval_card(event.tool, event.summary, requester, event.expires_in_s,
                                     file_name)
         ids = [(label, pack(ApprovalButton(event.approval_id, verdict))) for label, verdict in
                (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
                 ("♾️ Always in this chat", Verdict.ALWAYS))]
-        message = await self._send(chat, thread, card, render.plain(card), [ids[:2], ids[2:]],
-                                   reply_to)
+        message = await self.api.send(chat, thread, card, render.plain(card),
+                                      [ids[:2], ids[2:]], reply_to)
         self._cards[event.approval_id] = _Card(chat, message.message_id, card)
 
     async def _approval_resolved(self, event: ApprovalResolved) -> None:
@@ -530,125 +433,46 @@ class TelegramAdapter:
         line = render.outcome_line(event.outcome, by)
         card = self._cards.pop(event.approval_id, None)
         if card is not None:
-            edited = _Posted(card.chat, None, card.message_id)
-            if await self._edit(edited, f"{card.html}\n\n{line}", None, None, final=True):
+            edited = Posted(card.chat, None, card.message_id)
+            if await self.api.edit(edited, f"{card.html}\n\n{line}", None, None, final=True):
                 return
         chat, thread = _where(event.conv)
-        await self._send(chat, thread, line, render.plain(line))
+        await self.api.send(chat, thread, line, render.plain(line))
 
     async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
         chat, thread = _where(conv)
         parts = split_text(text or " ", MAX_TEXT)
         rows = [[(b.label, b.data) for b in buttons[i : i + 3]] for i in range(0, len(buttons), 3)]
         for i, part in enumerate(parts):
-            await self._send(chat, thread, self.render(part), part,
-                             rows if i == len(parts) - 1 else None)
+            await self.api.send(chat, thread, self.render(part), part,
+                                rows if i == len(parts) - 1 else None)
 
     async def _queued(self, event: Queued) -> None:
         where = self._recent.get(event.ref or "")
         if where is None:
             return
         try:
-            await self._api(where[0], lambda: self.app.bot.set_message_reaction(
-                where[0], where[1], [ReactionTypeEmoji("👀")]))
+            await self.api.react(where[0], where[1], "👀")
         except BadRequest:  # reactions are off in this chat
             note = "👀 Got it; I will answer after the current reply."
-            await self._send(*_where(event.conv), note, note)
+            await self.api.send(*_where(event.conv), note, note)
 
-    # -- the Bot API, paced -----------------------------------------------------------
-
-    def _pace(self, chat: int) -> _Pace:
-        pace = self._paces.get(chat)
-        if pace is None:
-            pace = self._paces[chat] = _Pace()
-        return pace
-
-    def _edit_at(self, chat: int) -> float:
-        pace = self._pace(chat)
-        return max(pace.last_edit + self.min_edit_interval, pace.hold_until)
-
-    async def _api(self, chat: int, call: Callable[[], Awaitable[T]], *, wait: bool = True) -> T:
-        """One call; flood control holds the chat, then waits and retries (or RetryLater)."""
-        pace = self._pace(chat)
-        give_up = time.monotonic() + FINAL_DEADLINE_S
-        while True:
-            if wait and (delay := pace.hold_until - time.monotonic()) > 0:
-                await asyncio.sleep(delay)
-            try:
-                return await call()
-            except RetryAfter as exc:
-                seconds = _seconds(exc.retry_after)
-                pace.hold_until = max(pace.hold_until, time.monotonic() + seconds)
-                log.info("Telegram: flood control in chat %s, holding %.0f s", chat, seconds)
-                if not wait or time.monotonic() + seconds > give_up:
-                    raise RetryLater(seconds) from None
-
-    async def _send(self, chat: int, thread: int | None, html_text: str, plain: str,
-                    rows: Rows | None = None, reply_to: int | None = None, *,
-                    wait: bool = True) -> Message:
-        """Send HTML; if Telegram cannot parse it, the same text as plain text."""
-        markup = _keyboard(rows)
-        reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
-
-        def send(text: str, mode: str | None) -> Callable[[], Awaitable[Message]]:
-            return lambda: self.app.bot.send_message(
-                chat, text, parse_mode=mode, reply_markup=markup, message_thread_id=thread,
-                reply_parameters=reply)
-
-        try:
-            return await self._api(chat, send(html_text, ParseMode.HTML), wait=wait)
-        except BadRequest as exc:
-            if not _is(exc, "can't parse entities"):
-                raise
-            log.warning("Telegram: HTML rejected (%s); sending plain text", exc.message)
-            return await self._api(chat, send(plain, None), wait=wait)
-
-    async def _edit(self, ref: _Posted, html_text: str, plain: str | None, rows: Rows | None,
-                    *, final: bool) -> bool:
-        """Edit; a final edit waits for the chat's pace. False: the message is gone."""
-        message_id, markup = ref.message_id, _keyboard(rows)
-        if final and (delay := self._edit_at(ref.chat) - time.monotonic()) > 0:
-            await asyncio.sleep(delay)
-
-        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
-            return lambda: self.app.bot.edit_message_text(
-                text, ref.chat, message_id, parse_mode=mode, reply_markup=markup)
-
-        try:
-            try:
-                await self._api(ref.chat, edit(html_text, ParseMode.HTML), wait=final)
-            except BadRequest as exc:
-                if not _is(exc, "can't parse entities"):
-                    raise
-                log.warning("Telegram: HTML rejected (%s); editing as plain text", exc.message)
-                await self._api(ref.chat, edit(plain or render.plain(html_text), None),
-                                wait=final)
-        except BadRequest as exc:
-            if _is(exc, "not modified"):
-                return True
-            if _is(exc, "message to edit not found", "message can't be edited"):
-                return False
-            raise
-        finally:
-            self._pace(ref.chat).last_edit = time.monotonic()
-        return True
-
-    async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> _Posted:
+    async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> Posted:
         """LiveMessage's `post`: a new message, with ⏹ Cancel while live."""
         try:
-            message = await self._send(chat, thread, self.render(text), text,
-                                       CANCEL_KEYBOARD if live else None, wait=False)
+            message = await self.api.send(chat, thread, self.render(text), text,
+                                          CANCEL_KEYBOARD if live else None, wait=False)
         except (BadRequest, Forbidden):
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
-            return _Posted(chat, thread, None)
+            return Posted(chat, thread, None)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc
-        return _Posted(chat, thread, message.message_id)
+        return Posted(chat, thread, message.message_id)
 
-    async def _live_edit(self, ref: _Posted, text: str, live: bool) -> None:
+    async def _live_edit(self, ref: Posted, text: str, live: bool) -> None:
         """LiveMessage's `edit`; a message that vanished is posted again."""
         try:
-            if ref.message_id is None or not await self._edit(
+            if ref.message_id is None or not await self.api.edit(
                     ref, self.render(text), text, CANCEL_KEYBOARD if live else None,
                     final=not live):
                 ref.message_id = (await self._live_post(ref.chat, ref.thread, text, live)) \
