@@ -34,6 +34,7 @@ from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
@@ -94,6 +95,33 @@ def _retry_after(exc: BaseException) -> float | None:
             return max(float(raw), 0.1)
         return 2.0 if status >= 500 else None
     return 2.0  # network trouble
+
+
+def _signed_only(secret: str) -> Any:
+    """Refuse (401) anything not signed with `secret` within 5 minutes, malformed headers
+    included, before bolt parses it."""
+    verifier = SignatureVerifier(secret)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        body = await request.read()
+        stamp = request.headers.get("X-Slack-Request-Timestamp", "")
+        signature = request.headers.get("X-Slack-Signature", "")
+        if not stamp.isdigit() or not verifier.is_valid(body=body, timestamp=stamp,
+                                                         signature=signature):
+            return web.json_response({"error": "invalid request"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _ts_order(ts: str) -> tuple[int, ...]:
@@ -179,8 +207,10 @@ class SlackAdapter:
 
     async def _start_http(self, app: AsyncApp) -> None:
         http = self.slack.http
-        self._runner = web.AppRunner(app.web_app(path=http.path), handle_signals=False,
-                                     access_log=None, shutdown_timeout=2.0)
+        web_app = app.web_app(path=http.path)
+        web_app.middlewares.append(_signed_only(self.slack.signing_secret or ""))
+        self._runner = web.AppRunner(web_app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=2.0)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, http.host, http.port).start()
@@ -373,20 +403,23 @@ class SlackAdapter:
             await self._press(body)
 
     async def _press(self, body: dict[str, Any]) -> None:
-        user = body.get("user") or {}
-        uid = str(user.get("id") or "")
-        container = body.get("container") or {}
-        channel = str(container.get("channel_id") or (body.get("channel") or {}).get("id"))
-        message_ts = str(container.get("message_ts") or "")
-        thread = container.get("thread_ts")
+        user = _dict(body.get("user"))
+        uid = _str(user.get("id"))
+        container = _dict(body.get("container"))
+        channel = _str(container.get("channel_id")) or _str(_dict(body.get("channel")).get("id"))
+        if not uid or not channel:
+            log.info("Slack: a button press without user or channel ignored")
+            return
+        message_ts = _str(container.get("message_ts"))
+        thread = _str(container.get("thread_ts"))
         # A card Tandem posted at the top of a DM may later become a thread's root.
-        conv = ConvKey(PLATFORM, channel, str(thread) if thread and thread != message_ts
-                       else None)
-        if not self._allowed_user(uid, user.get("team_id")):
+        conv = ConvKey(PLATFORM, channel, thread if thread and thread != message_ts else None)
+        if not self._allowed_user(uid, _str(user.get("team_id")) or None):
             await self._ephemeral(conv, uid, stranger_text(uid))
             return
-        action = (body.get("actions") or [{}])[0]
-        data = unpack(str(action.get("value") or ""))
+        actions = body.get("actions")
+        action = _dict(actions[0] if isinstance(actions, list) and actions else None)
+        data = unpack(_str(action.get("value")))
         who = User(uid, await self._name(uid))
         ref = f"slack:{channel}:{action.get('action_ts')}:{uid}"
         match data:

@@ -286,13 +286,18 @@ def slack_text(text: str, bot_user: str) -> str:
 
 def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
     """The message Tandem may answer, or None (edits, other bots, unmentioned channel talk)."""
-    user = event.get("user")
-    if event.get("subtype") not in _SUBTYPES or event.get("bot_id") or not user \
-            or user == bot_user:
+    if not isinstance(event, dict):
         return None
-    channel, ts = str(event["channel"]), str(event["ts"])
-    raw = str(event.get("text") or "")
-    thread = str(event["thread_ts"]) if event.get("thread_ts") not in (None, ts) else None
+    user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
+    subtype = event.get("subtype")
+    if not (subtype is None or isinstance(subtype, str)) or subtype not in _SUBTYPES \
+            or event.get("bot_id") or user == bot_user \
+            or not all(isinstance(v, str) and v for v in (user, channel, ts)):
+        return None  # not a user's message, or a malformed one
+    assert isinstance(user, str) and isinstance(channel, str) and isinstance(ts, str)
+    raw = str(event.get("text")) if isinstance(event.get("text"), str) else ""
+    thread_ts = event.get("thread_ts")
+    thread = thread_ts if isinstance(thread_ts, str) and thread_ts and thread_ts != ts else None
     dm = event.get("channel_type") == "im"
     mentioned = event.get("type") == "app_mention" or f"<@{bot_user}>" in raw
     if dm:
@@ -301,11 +306,14 @@ def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
         key = thread or ts
     else:
         return None
-    files = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
-                             int(f.get("size") or 0)) for f in event.get("files") or ())
-    return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, str(user),
-                    event.get("user_team") or event.get("team"), slack_text(raw, bot_user),
-                    thread, dm or mentioned, dm, files)
+    files: list[Any] = event["files"] if isinstance(event.get("files"), list) else []
+    attachments = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
+                                   f["size"] if isinstance(f.get("size"), int) else 0)
+                        for f in files if isinstance(f, dict))
+    team = event.get("user_team") or event.get("team")
+    return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, user,
+                    team if isinstance(team, str) else None, slack_text(raw, bot_user),
+                    thread, dm or mentioned, dm, attachments)
 
 
 def parse_command(text: str) -> tuple[str, str] | None:

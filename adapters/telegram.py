@@ -257,8 +257,8 @@ class TelegramAdapter:
 
     async def _on_callback(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         query = update.callback_query
-        if query is None:
-            return
+        if query is None or query.from_user is None or not isinstance(query.from_user.id, int):
+            return  # nothing a real client sends: ignore
         data = unpack(query.data or "")
         if query.from_user.id not in self.allowed:
             await self._answer(query, "You are not allowed to use Tandem.", alert=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from telegram import (
     Message,
     ReactionTypeEmoji,
     ReplyParameters,
+    Update,
 )
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError, TimedOut
@@ -37,7 +39,37 @@ from adapters.live import FINAL_DEADLINE_S, RetryLater
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TRANSIENT_RETRIES = 4
 Rows = list[list[tuple[str, str]]]
+
+
+def defuse_updates(body: bytes) -> bytes:
+    """Replace any update the library cannot parse by a bare `{"update_id": N}`.
+
+    One malformed update would otherwise fail the whole batch at every poll, and the
+    offset would never move past it: the bot would stall. The bare update is confirmed
+    and matches no handler.
+    """
+    try:
+        reply = json.loads(body)
+        updates = reply["result"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if not isinstance(updates, list):
+        return body
+    changed = False
+    for i, item in enumerate(updates):
+        try:
+            Update.de_json(item, None)  # type: ignore[arg-type]
+        except Exception:  # whatever the library raises on junk
+            update_id = item.get("update_id") if isinstance(item, dict) else None
+            log.warning("Telegram: update %s could not be parsed; skipped", update_id)
+            updates[i] = {"update_id": update_id} if isinstance(update_id, int) else None
+            changed = True
+    if not changed:
+        return body
+    reply["result"] = [u for u in updates if u is not None]
+    return json.dumps(reply).encode()
 
 
 class AiohttpRequest(BaseRequest):
@@ -79,7 +111,10 @@ class AiohttpRequest(BaseRequest):
         timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
         try:
             async with self._session.request(method, url, data=data, timeout=timeout) as reply:
-                return reply.status, await reply.read()
+                body = await reply.read()
+                if reply.status == 200 and url.endswith("/getUpdates"):
+                    body = defuse_updates(body)
+                return reply.status, body
         except TimeoutError as exc:
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
@@ -141,6 +176,7 @@ class BotApi:
         """One call; flood control holds the chat, then waits and retries (or RetryLater)."""
         pace = self._pace(chat)
         give_up = time.monotonic() + FINAL_DEADLINE_S
+        failures = 0
         while True:
             if wait and (delay := pace.hold_until - time.monotonic()) > 0:
                 await asyncio.sleep(delay)
@@ -152,6 +188,12 @@ class BotApi:
                 log.info("Telegram: flood control in chat %s, holding %.0f s", chat, seconds)
                 if not wait or time.monotonic() + seconds > give_up:
                     raise RetryLater(seconds) from None
+            except NetworkError as exc:  # 5xx, connection trouble; a 400 is not retried
+                failures += 1
+                if isinstance(exc, BadRequest) or failures > TRANSIENT_RETRIES:
+                    raise
+                log.warning("Telegram: %s; retrying", type(exc).__name__)
+                await asyncio.sleep(min(4.0, 0.25 * 2**failures))
 
     async def typing(self, chat: int, thread: int | None) -> None:
         """The typing action, unless the chat is held; a failure is only logged."""

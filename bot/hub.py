@@ -285,9 +285,16 @@ class Hub:
     async def _drive(self, conv: Conversation, lane: _Lane) -> None:
         assert conv.turn is not None
         lane.cancel = asyncio.Event()
+        turn = conv.turn.turn
         try:
-            await self.d.emit(TurnStarted(conv.row.key, conv.turn.turn))
+            await self.d.emit(TurnStarted(conv.row.key, turn))
             await self.runner.drive(conv, lane.cancel)
+        except Exception as exc:  # the turn cannot go on: end it where the user sees it
+            log.error("turn %d in %s failed", turn, conv.row.key, exc_info=True)
+            self._convs.pop(conv.row.key, None)  # reload (and repair) from the store
+            await self._safe_emit(TurnEnded(conv.row.key, turn, user_message(exc),
+                                            ExitReason.ERROR.value))
+            return
         finally:
             lane.cancel = None
         if conv.turn is not None and any(r.state is CallState.ASKING for r in conv.turn.calls):

@@ -129,7 +129,10 @@ class SQLiteStore:
         if self._db is None:
             raise StoreError("the store is closed")
         conn = self._db
-        result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+        try:
+            result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
         return result
 
     async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
