@@ -57,8 +57,8 @@ def check(
     tool_failures = _trailing_failures([o for c, o in ledger if c.name == name])
     if tool_failures >= limits.tool_failures_fatal:
         return Trip(
-            f"`{name}` failed {tool_failures} times in a row, so Tandem stopped this turn. "
-            "Please try another way.",
+            f"`{name}` failed or was refused as a repeat {tool_failures} times in a row, so "
+            "Tandem stopped this turn. Please try another way.",
             fatal=True,
         )
     if sum(1 for o in same if o is not Outcome.SKIPPED) >= limits.same_call:
