@@ -54,6 +54,13 @@ async def tandem(config: Path, model: FakeModelServer, stdin: str,
     return proc.returncode, out.decode(), err.decode()
 
 
+async def spawn_chat(config: Path, model: FakeModelServer) -> asyncio.subprocess.Process:
+    """`tandem chat` with its stdin open (the test writes lines and kills it)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=config.parent)
+
+
 def test_help_is_fast_and_lists_the_commands() -> None:
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "bot", "--help"], capture_output=True,
@@ -117,9 +124,7 @@ async def test_kill_9_while_a_tool_runs_then_restart_repairs_the_history(
     model.script(Reply(tool_calls=[ToolCallSpec("shell",
                                                 {"command": "touch started; sleep 31.7"})]),
                  Reply(text="Back after the restart."))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    proc = await spawn_chat(config, model)
     assert proc.stdin is not None
     proc.stdin.write(b"start the long job\n")
     await proc.stdin.drain()
@@ -140,9 +145,7 @@ async def test_kill_9_while_an_approval_waits_then_restart_stays_valid(
     config = write_config(tmp_path, model)
     model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "touch never"})]),
                  Reply(text="Moving on."))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    proc = await spawn_chat(config, model)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b"touch it\n")
     await proc.stdin.drain()
@@ -169,9 +172,7 @@ async def test_kill_9_during_a_scheduled_turn_does_not_run_that_slot_again(
         Reply(text="Scheduled."),
         Reply(text=" ".join(f"w{i}" for i in range(300)), chunk_delay=0.05))
     model.responder = lambda _m: Reply(text="Hello again.")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    proc = await spawn_chat(config, model)
     assert proc.stdin is not None
     proc.stdin.write(b"schedule it\n")
     await proc.stdin.drain()
@@ -195,9 +196,7 @@ async def test_ctrl_c_cancels_the_turn_not_the_program(model: FakeModelServer,
     config = write_config(tmp_path, model)
     model.script(Reply(text=" ".join(f"w{i}" for i in range(400)), chunk_delay=0.02),
                  Reply(text="Still here."))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "--config", str(config), "chat", stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    proc = await spawn_chat(config, model)
     assert proc.stdin is not None
     proc.stdin.write(b"talk a lot\n")
     await proc.stdin.drain()
