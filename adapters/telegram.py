@@ -24,7 +24,14 @@ from typing import Any
 from telegram import BotCommand, CallbackQuery, MaybeInaccessibleMessage, Message, Update
 from telegram import User as TgUser
 from telegram.constants import ChatType, MessageEntityType
-from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, TelegramError
+from telegram.error import (
+    BadRequest,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    TelegramError,
+    TimedOut,
+)
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -188,9 +195,11 @@ class TelegramAdapter:
         return ConvKey(PLATFORM, str(message.chat.id), thread)
 
     def _user(self, user: TgUser) -> User:
-        self._names[str(user.id)] = user.first_name
-        suffix = f" (@{user.username})" if user.username else ""
-        return User(str(user.id), user.first_name + suffix)
+        name = str(user.first_name or user.id)
+        self._names[str(user.id)] = name
+        suffix = f" (@{user.username})" if isinstance(user.username, str) and user.username \
+            else ""
+        return User(str(user.id), name + suffix)
 
     def _addressed(self, message: Message, text: str) -> bool:
         """In a group: a mention, a reply to Tandem, or a command not for another bot."""
@@ -214,8 +223,9 @@ class TelegramAdapter:
     async def _on_message(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         sender = message.from_user if message is not None else None
-        if message is None or sender is None or sender.is_bot or message.text is None:
-            return
+        if message is None or sender is None or sender.is_bot or message.text is None \
+                or not isinstance(sender.id, int) or not isinstance(message.text, str):
+            return  # not something a real client sends: ignore
         if message.chat.type != ChatType.PRIVATE and not self._addressed(message, message.text):
             return
         if sender.id not in self.allowed:
@@ -464,6 +474,9 @@ class TelegramAdapter:
                                           CANCEL_KEYBOARD if live else None, wait=False)
         except (BadRequest, Forbidden):
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
+            return Posted(chat, thread, None)
+        except TimedOut:  # it may have arrived: never post twice; the text follows later
+            log.warning("Telegram: no reply to a post in chat %s", chat)
             return Posted(chat, thread, None)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc

@@ -188,9 +188,9 @@ class BotApi:
                 log.info("Telegram: flood control in chat %s, holding %.0f s", chat, seconds)
                 if not wait or time.monotonic() + seconds > give_up:
                     raise RetryLater(seconds) from None
-            except NetworkError as exc:  # 5xx, connection trouble; a 400 is not retried
-                failures += 1
-                if isinstance(exc, BadRequest) or failures > TRANSIENT_RETRIES:
+            except NetworkError as exc:  # 5xx, connection trouble; a 400 is not retried,
+                failures += 1          # nor a timeout (the call may have gone through)
+                if isinstance(exc, BadRequest | TimedOut) or failures > TRANSIENT_RETRIES:
                     raise
                 log.warning("Telegram: %s; retrying", type(exc).__name__)
                 await asyncio.sleep(min(4.0, 0.25 * 2**failures))

@@ -62,6 +62,7 @@ class _Fault:
     times: int
     when: Callable[[JSON], bool] | None
     retry_after: int | None
+    delay: float = 0.0
 
 
 class FaultyTelegram(FakeTelegram):
@@ -97,6 +98,12 @@ class FaultyTelegram(FakeTelegram):
              when: Callable[[JSON], bool] | None = None, retry_after: int | None = None) -> None:
         self.faults.append(_Fault(method.lower(), status, times, when, retry_after))
 
+    def stall(self, method: str, seconds: float, *, times: int = 1,
+              when: Callable[[JSON], bool] | None = None) -> None:
+        """The next matching calls succeed, but only after `seconds` (the answer comes
+        too late for a client that timed out, as when Telegram's reply is lost)."""
+        self.faults.append(_Fault(method.lower(), 200, times, when, None, seconds))
+
     def _wrap(self, name: str, handler: Any) -> Any:
         async def wrapped(params: JSON) -> Any:
             for fault in self.faults:
@@ -104,6 +111,9 @@ class FaultyTelegram(FakeTelegram):
                         (fault.when is None or fault.when(params)):
                     fault.times -= 1
                     self.injected.append((name, fault.status))
+                    if fault.delay:
+                        await asyncio.sleep(fault.delay)
+                        break
                     if fault.status == 429:
                         seconds = fault.retry_after or 1
                         raise ApiError(429, f"Too Many Requests: retry after {seconds}",

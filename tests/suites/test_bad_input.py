@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from telegram import Update
 
@@ -298,8 +298,16 @@ def route_telegram(units: Units, update: JSON) -> None:
             assert item.approval_id.isalnum()
 
 
+def _from(**sender: Any) -> JSON:
+    """A private message to Tandem from `sender` (Ann's fields unless overridden)."""
+    return {"message_id": 1, "date": 0, "chat": {"id": ANN, "type": "private"},
+            "from": {"id": ANN, "is_bot": False, "first_name": "Ann", **sender}, "text": "hi"}
+
+
 @FUZZ
 @given(message=TG_MESSAGE, update_id=maybe(st.integers(1, 2**31)))
+@example(message=_from(id=[ANN]), update_id=1)  # found by the generator, kept as regressions
+@example(message=_from(first_name=["Ann"]), update_id=1)
 def test_telegram_message_updates_never_crash_the_handler(units: Units, message: JSON,
                                                           update_id: Any) -> None:
     route_telegram(units, {"update_id": update_id, "message": message})
