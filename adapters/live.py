@@ -96,6 +96,11 @@ class LiveMessage(Generic[Ref]):
         self._final: str | None = None
         self.edits = 0
 
+    @property
+    def refs(self) -> list[Ref]:
+        """The messages on screen, in order."""
+        return [shown.ref for shown in self._shown]
+
     async def open(self, text: str) -> None:
         """Post the placeholder (with the Cancel button)."""
         ref = await self._retrying(lambda: self._post(text, True), deadline=30.0)

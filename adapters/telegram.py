@@ -284,10 +284,22 @@ class TelegramAdapter:
                 receipt = await self.hub.submit(Decision(conv, user, approval_id, verdict, ref))
             case CancelButton():
                 receipt = self.hub.cancel(Cancel(conv, user, ref))
+                if not self._live_here(conv, query.message.message_id):
+                    # a placeholder whose reply was lost: its turn is over
+                    await self.api.clear_buttons(query.message.chat.id,
+                                                 query.message.message_id)
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
                 receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
         await self._answer(query, receipt.note, alert=not receipt.accepted and bool(receipt.note))
+
+    def _live_here(self, conv: ConvKey, message_id: int) -> bool:
+        """The message is (or may be, while it is being posted) the running turn's."""
+        turn = self._turns.get(conv)
+        if turn is None:
+            return False
+        refs = turn.live.refs
+        return not refs or any(r.message_id == message_id for r in refs)
 
     def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> None:
         """After a restart a card is known only from the press on it."""
@@ -476,7 +488,8 @@ class TelegramAdapter:
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
             return Posted(chat, thread, None)
         except TimedOut:  # it may have arrived: never post twice; the text follows later
-            log.warning("Telegram: no reply to a post in chat %s", chat)
+            log.warning("Telegram: no reply to a post in chat %s within %g s", chat,
+                        self.api.send_timeout)
             return Posted(chat, thread, None)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc

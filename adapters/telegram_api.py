@@ -40,6 +40,9 @@ from adapters.live import FINAL_DEADLINE_S, RetryLater
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TRANSIENT_RETRIES = 4
+SEND_TIMEOUT_S = 30.0
+"""How long a send waits for Telegram's reply. A send that times out may still have
+arrived, and without its reply its message can never be edited: wait long for it."""
 Rows = list[list[tuple[str, str]]]
 
 
@@ -155,9 +158,11 @@ def _keyboard(rows: Rows | None) -> InlineKeyboardMarkup | None:
 class BotApi:
     """One bot's calls to chats, paced per chat and held while Telegram says to wait."""
 
-    def __init__(self, bot: Bot, *, min_edit_interval: float) -> None:
+    def __init__(self, bot: Bot, *, min_edit_interval: float,
+                 send_timeout: float = SEND_TIMEOUT_S) -> None:
         self.bot = bot
         self.min_edit_interval = min_edit_interval
+        self.send_timeout = send_timeout
         self._paces: dict[int, _Pace] = {}
 
     def _pace(self, chat: int) -> _Pace:
@@ -212,7 +217,8 @@ class BotApi:
                             filename: str, caption: str) -> Message:
         document = InputFile(content, filename=filename)
         return await self._call(chat, lambda: self.bot.send_document(
-            chat, document, caption=caption, message_thread_id=thread))
+            chat, document, caption=caption, message_thread_id=thread,
+            read_timeout=self.send_timeout))
 
     async def send(self, chat: int, thread: int | None, html_text: str, plain: str,
                    rows: Rows | None = None, reply_to: int | None = None, *,
@@ -224,7 +230,7 @@ class BotApi:
         def send(text: str, mode: str | None) -> Callable[[], Awaitable[Message]]:
             return lambda: self.bot.send_message(
                 chat, text, parse_mode=mode, reply_markup=markup, message_thread_id=thread,
-                reply_parameters=reply)
+                reply_parameters=reply, read_timeout=self.send_timeout)
 
         try:
             return await self._call(chat, send(html_text, ParseMode.HTML), wait=wait)
@@ -263,3 +269,11 @@ class BotApi:
         finally:
             self._pace(ref.chat).last_edit = time.monotonic()
         return True
+
+    async def clear_buttons(self, chat: int, message_id: int) -> None:
+        """Take the buttons off a message (a failure is only logged)."""
+        try:
+            await self._call(chat, lambda: self.bot.edit_message_reply_markup(
+                chat, message_id, reply_markup=None), wait=False)
+        except (TelegramError, RetryLater):
+            log.info("Telegram: could not clear the buttons of a message", exc_info=True)

@@ -73,6 +73,8 @@ class FaultyTelegram(FakeTelegram):
         super().__init__(**kwargs)
         self.faults: list[_Fault] = []
         self.injected: list[tuple[str, int]] = []
+        self.stalling = 0
+        """Calls held by `stall` and not yet answered."""
         self._watch: dict[Any, asyncio.Event] = {}
         for key, (name, handler) in list(self._methods.items()):
             self._methods[key] = (name, self._wrap(name, handler))
@@ -106,12 +108,15 @@ class FaultyTelegram(FakeTelegram):
 
     def _wrap(self, name: str, handler: Any) -> Any:
         async def wrapped(params: JSON) -> Any:
+            stalled = False
             for fault in self.faults:
                 if fault.method == name.lower() and fault.times > 0 and \
                         (fault.when is None or fault.when(params)):
                     fault.times -= 1
                     self.injected.append((name, fault.status))
                     if fault.delay:
+                        stalled = True
+                        self.stalling += 1
                         await asyncio.sleep(fault.delay)
                         break
                     if fault.status == 429:
@@ -123,6 +128,7 @@ class FaultyTelegram(FakeTelegram):
             try:
                 return await handler(params)
             finally:
+                self.stalling -= stalled
                 event = self._watch.get(params.get("chat_id"))
                 if event is not None:
                     event.set()

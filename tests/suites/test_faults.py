@@ -287,6 +287,51 @@ async def test_telegram_flood_control_while_streaming_loses_nothing(
     assert fake.bot_texts(ANN) == [answer, "Next."]
 
 
+def _live(params: dict[str, Any]) -> bool:
+    return "reply_markup" in params  # the placeholder, with its Cancel button
+
+
+async def test_telegram_slow_reply_to_the_placeholder_is_waited_for(
+        tmp_path: Path, model: FakeModelServer, tg: FaultyTelegram) -> None:
+    # Slower than the transport's 5 s read timeout: a send waits longer for its reply,
+    # so the placeholder is known and becomes the answer.
+    model.script(Reply(text="Here it is.", chunk_delay=0.3))
+    async with tg_rig(tmp_path, model, tg, adapter_args={"placeholder_delay": 0.01}) as r:
+        tg.stall("sendMessage", 6.0, when=_live)
+        tg.push_message(ANN, ANN, "hi")
+        await r.answered(ANN, "Here it is.", timeout=20)
+        await r.until(lambda: tg.stalling == 0)
+        await r.hub.idle()
+    assert tg.injected == [("sendMessage", 200)]
+    assert [(m.text, m.reply_markup) for m in r.bot(ANN)] == [("Here it is.", None)]
+
+
+async def test_telegram_lost_placeholder_reply_leaves_no_live_cancel_button(
+        tmp_path: Path, model: FakeModelServer, tg: FaultyTelegram) -> None:
+    # The reply never comes in time: the answer follows as a new message, and the
+    # orphaned placeholder's Cancel button goes away when pressed, cancelling nothing.
+    model.script(Reply(text="Here it is.", chunk_delay=0.2), Reply(text="Still here."))
+    async with tg_rig(tmp_path, model, tg, adapter_args={"placeholder_delay": 0.01}) as r:
+        r.adapter.api.send_timeout = 0.5
+        tg.stall("sendMessage", 1.5, when=_live)
+        tg.push_message(ANN, ANN, "hi")
+        await r.answered(ANN, "Here it is.", timeout=20)
+        await r.until(lambda: tg.stalling == 0)  # the stalled placeholder lands late
+        orphan = next(m for m in r.bot(ANN) if m.text != "Here it is.")
+        assert orphan.reply_markup is not None
+        cancel = orphan.reply_markup["inline_keyboard"][0][0]["callback_data"]
+        tg.push_callback(ANN, ANN, orphan.message_id, cancel)
+        await r.until(lambda: tg.message(ANN, orphan.message_id).reply_markup is None)
+        await r.settle()
+        tg.push_message(ANN, ANN, "again")
+        await r.answered(ANN, "Still here.")
+        await r.hub.idle()
+    texts = tg.bot_texts(ANN)
+    assert texts.count("Here it is.") == 1 and texts[-1] == "Still here."
+    assert not any(m.reply_markup for m in r.bot(ANN))
+    assert len(model.requests) == 2  # the press cancelled nothing and asked nothing
+
+
 async def test_telegram_polling_survives_5xx(tmp_path: Path, model: FakeModelServer,
                                              tg: FaultyTelegram) -> None:
     model.script(Reply(text="Got it."))
