@@ -4,7 +4,9 @@
 fenced code block (a block too long for one part is closed and reopened).
 `LiveMessage` streams a turn into one placeholder by edits, at most one per
 `min_interval`, holding edits while the platform says "retry after", and delivers the
-final text whatever happens (overflow continues in new messages).
+final text whatever happens (overflow continues in new messages). The placeholder may be
+due only after a delay: a turn that ends sooner shows as one message, not a placeholder
+and an edit (half the platform calls for a quick answer).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class LiveMessage(Generic[Ref]):
         self._last_edit = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._opener: asyncio.Task[None] | None = None
+        self._posting = False
         self._final: str | None = None
         self.edits = 0
 
@@ -101,18 +105,51 @@ class LiveMessage(Generic[Ref]):
         """The messages on screen, in order."""
         return [shown.ref for shown in self._shown]
 
-    async def open(self, text: str) -> None:
-        """Post the placeholder (with the Cancel button)."""
+    async def open(self, text: str, *, delay: float = 0.0) -> None:
+        """Post the placeholder (with the Cancel button): now, or in the background after
+        `delay` seconds unless the turn has finished by then."""
+        self._wanted = text
+        if delay > 0:
+            self._opener = asyncio.get_running_loop().create_task(self._open_after(delay))
+        else:
+            await self._open_now()
+
+    async def show(self) -> None:
+        """Have the placeholder on screen now, due or not (say, above an approval card)."""
+        await self._stop_opener(land=True)
+        if not self._posting:
+            await self._open_now()
+
+    async def _open_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._open_now()
+
+    async def _open_now(self) -> None:
+        self._posting = True
+        text = self._wanted
         ref = await self._retrying(lambda: self._post(text, True), deadline=30.0)
         if ref is not None:
             self._shown.append(_Shown(ref, text))
             self._last_edit = time.monotonic()
+            if self._wanted != text:
+                self.update(self._wanted)
+
+    async def _stop_opener(self, *, land: bool) -> None:
+        """Drop a placeholder not yet due; one being posted is awaited when `land`."""
+        opener, self._opener = self._opener, None
+        if opener is None:
+            return
+        if not (land and self._posting):
+            opener.cancel()
+        await asyncio.gather(opener, return_exceptions=True)
 
     def update(self, text: str) -> None:
         """Show `text` soon (coalesced: only the latest wins)."""
-        if self._final is not None or not self._shown:
+        if self._final is not None:
             return
         self._wanted = text
+        if not self._shown:
+            return  # the placeholder shows the latest text when it lands
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
@@ -121,21 +158,22 @@ class LiveMessage(Generic[Ref]):
         """Deliver the final text (buttons removed), split across messages if needed."""
         self._final = text
         self._wake.set()
-        if self._task is not None:
-            task, self._task = self._task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._stop_opener(land=True)
+        await self._stop_flushing()
         parts = split_text(text or " ", self.limit)
         for i, part in enumerate(parts):
             await self._place(i, part, live=False, deadline=FINAL_DEADLINE_S)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await self._stop_opener(land=False)
+        await self._stop_flushing()
+
+    async def _stop_flushing(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     async def _flush_loop(self) -> None:
         while self._final is None:

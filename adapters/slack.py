@@ -137,11 +137,14 @@ def _remember(store: OrderedDict[Any, Any], key: Any, value: Any = True) -> None
 
 
 class SlackAdapter:
-    def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0) -> None:
+    def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0,
+                 placeholder_delay: float = 0.5) -> None:
         self.config = config
         self.slack = config.slack
         self.hub = hub
         self.min_edit_interval = min_edit_interval
+        self.placeholder_delay = placeholder_delay
+        """A turn that ends sooner is posted as one message, with no placeholder."""
         self.url: str | None = None
         """HTTP mode: the events endpoint as bound (port 0 picks a free port)."""
         self.bot_user = ""
@@ -488,7 +491,7 @@ class SlackAdapter:
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
                 live = self._live[conv] = self._new_live(conv)
-                await live.open(render.THINKING)
+                await live.open(render.THINKING, delay=self.placeholder_delay)
             case Progress():
                 if (running := self._live.get(conv)) is not None:
                     running.update(render.progress_text(event))
@@ -581,6 +584,8 @@ class SlackAdapter:
             log.warning("slack: could not tell %s privately in %s", user, conv, exc_info=True)
 
     async def _card(self, event: ApprovalRequested) -> None:
+        if (running := self._live.get(event.conv)) is not None:
+            await running.show()  # the placeholder goes above the card
         card = render.approval_card(event.approval_id, event.tool, event.summary,
                                     event.requester, event.expires_in_s)
         for blocks in card.preamble:

@@ -87,9 +87,6 @@ class _Turn:
     status: str = THINKING
     tool: str | None = None
     tool_since: float = 0.0
-    posting: bool = False
-    """The placeholder is being posted (or was): let it land, never cancel it."""
-    opener: asyncio.Task[None] | None = None
     typing: asyncio.Task[None] | None = None
 
 
@@ -172,8 +169,7 @@ class TelegramAdapter:
             await self.app.stop()  # handles the updates already fetched
         self._running = False
         for turn in self._turns.values():
-            await self._quiet(turn, land=False)
-            await turn.live.close()
+            await self._end(turn)
         self._turns.clear()
         await self.app.shutdown()
         for request in self._requests:  # also when start() failed half way
@@ -342,29 +338,15 @@ class TelegramAdapter:
     async def _turn_started(self, conv: ConvKey) -> None:
         old = self._turns.pop(conv, None)
         if old is not None:
-            await self._quiet(old, land=False)
-            await old.live.close()
+            await self._end(old)
         chat, thread = _where(conv)
         live: LiveMessage[Posted] = LiveMessage(
             lambda text, on: self._live_post(chat, thread, text, on), self._live_edit,
             limit=MAX_TEXT, min_interval=self.min_edit_interval,
             hold=lambda: self.api.edit_at(chat))
         turn = self._turns[conv] = _Turn(live)
-        loop = asyncio.get_running_loop()
-        turn.typing = loop.create_task(self._typing(chat, thread, turn))
-        if self.placeholder_delay > 0:
-            turn.opener = loop.create_task(self._open(turn, self.placeholder_delay))
-        else:
-            await self._open(turn)
-
-    async def _open(self, turn: _Turn, delay: float = 0.0) -> None:
-        if delay:
-            await asyncio.sleep(delay)
-        turn.posting = True
-        shown = turn.status
-        await turn.live.open(shown)
-        if turn.status != shown:
-            turn.live.update(turn.status)
+        turn.typing = asyncio.get_running_loop().create_task(self._typing(chat, thread, turn))
+        await live.open(turn.status, delay=self.placeholder_delay)
 
     def _progress(self, event: Progress) -> None:
         turn = self._turns.get(event.conv)
@@ -395,25 +377,17 @@ class TelegramAdapter:
                 turn.status = f"⚙️ Running `{turn.tool}`… ({seconds})"
                 turn.live.update(turn.status)
 
-    async def _quiet(self, turn: _Turn, *, land: bool) -> None:
-        """Stop typing; cancel a placeholder not yet due, or (`land`) await one being posted."""
-        tasks = [t for t in (turn.typing, turn.opener) if t is not None]
-        if turn.typing is not None:
-            turn.typing.cancel()
-        if turn.opener is not None and not (land and turn.posting):
-            turn.opener.cancel()
-        turn.typing = turn.opener = None
-        await asyncio.gather(*tasks, return_exceptions=True)
+    @staticmethod
+    async def _stop_typing(turn: _Turn) -> None:
+        typing, turn.typing = turn.typing, None
+        if typing is not None:
+            typing.cancel()
+            await asyncio.gather(typing, return_exceptions=True)
 
-    async def _placeholder(self, turn: _Turn) -> None:
-        """Have the placeholder on screen now, whether or not it was due yet."""
-        opener, turn.opener = turn.opener, None
-        if opener is not None and not turn.posting:
-            opener.cancel()
-        if opener is not None:
-            await asyncio.gather(opener, return_exceptions=True)
-        if not turn.posting:
-            await self._open(turn)
+    async def _end(self, turn: _Turn) -> None:
+        """A turn that will not finish (shutdown, or superseded): stop its tasks."""
+        await self._stop_typing(turn)
+        await turn.live.close()
 
     async def _turn_ended(self, event: TurnEnded) -> None:
         turn = self._turns.pop(event.conv, None)
@@ -423,14 +397,14 @@ class TelegramAdapter:
         if turn is None:
             await self._notice(event.conv, text, ())
             return
-        await self._quiet(turn, land=True)
+        await self._stop_typing(turn)
         await turn.live.finish(text)
         await turn.live.close()
 
     async def _approval_requested(self, event: ApprovalRequested) -> None:
         turn = self._turns.get(event.conv)
         if turn is not None:
-            await self._placeholder(turn)  # the placeholder goes above the card
+            await turn.live.show()  # the placeholder goes above the card
         chat, thread = _where(event.conv)
         requester = self._names.get(event.requester.id) or event.requester.name \
             or event.requester.id

@@ -37,9 +37,12 @@ class Rig:
     """The fake Slack, the fake model and a running core with the Slack adapter."""
 
     def __init__(self, fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: str,
-                 edit_interval: float | None = 0.05, **overrides: Any) -> None:
+                 edit_interval: float | None = 0.05, placeholder_delay: float = 0.0,
+                 **overrides: Any) -> None:
         self.fake, self.model, self.tmp, self.mode = fake, model, tmp, mode
-        self.options = {} if edit_interval is None else {"min_edit_interval": edit_interval}
+        self.options = {"placeholder_delay": placeholder_delay}
+        if edit_interval is not None:
+            self.options["min_edit_interval"] = edit_interval
         settings = {"slack__enabled": True, "slack__mode": mode, "slack__bot_token": "xoxb-test",
                     "slack__app_token": "xapp-test", "slack__signing_secret": SECRET,
                     "slack__base_url": fake.api_url, "slack__allowed_users": ALLOWED,
@@ -356,6 +359,25 @@ async def test_cancel_during_streaming(rig: Rig, model: FakeModelServer) -> None
     assert not buttons(message)
     assert block_text(message.blocks).count("word") < 400
     assert len(message.edits) >= 2
+
+
+async def test_the_placeholder_shows_only_for_a_turn_that_takes_a_while(
+        rig_factory: Callable[..., Rig], model: FakeModelServer) -> None:
+    model.script(Reply(text="Quick."), Reply(text="slow " * 20, chunk_size=5, chunk_delay=0.1))
+    async with rig_factory(placeholder_delay=0.5) as rig:
+        await rig.say("D1", "U1", "hi")
+        await rig.wait_text("D1", "Quick.")
+        await rig.settle()
+        [quick] = rig.fake.bot_messages("D1")
+        assert quick.edits == [] and not buttons(quick)  # one post, no placeholder
+        await rig.say("D1", "U1", "take your time")
+        live = await rig.fake.wait_for(lambda: next(
+            (m for m in rig.fake.bot_messages("D1")[1:] if buttons(m)), None))
+        assert live is not None and buttons(live) == ["tandem_cancel"]
+        await rig.wait_text("D1", "slow " * 19)
+        await rig.settle()
+        assert len(rig.fake.bot_messages("D1")) == 2
+        assert not any(buttons(m) for m in rig.fake.bot_messages("D1"))
 
 
 async def test_edits_are_at_most_about_one_a_second_by_default(

@@ -258,7 +258,7 @@ class SlackRig:
     def __init__(self, fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: str,
                  edit_interval: float = 0.05, **overrides: Any) -> None:
         self.fake, self.model, self.tmp, self.mode = fake, model, tmp, mode
-        self.options = {"min_edit_interval": edit_interval}
+        self.options = {"min_edit_interval": edit_interval, "placeholder_delay": 0.0}
         settings = {"slack__enabled": True, "slack__mode": mode, "slack__bot_token": "xoxb-test",
                     "slack__app_token": "xapp-test", "slack__signing_secret": SECRET,
                     "slack__base_url": fake.api_url, "slack__allowed_users": ["U1", "U2"],
