@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from telegram import (
     Bot,
     InlineKeyboardButton,
@@ -33,6 +34,7 @@ from telegram import (
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
+from yarl import URL
 
 from adapters import telegram_render as render
 from adapters.live import FINAL_DEADLINE_S, RetryLater
@@ -75,13 +77,35 @@ def defuse_updates(body: bytes) -> bytes:
     return json.dumps(reply).encode()
 
 
+_Proxy = tuple[URL, aiohttp.BasicAuth | None] | None
+
+
+def env_proxy(url: str) -> _Proxy:
+    """The proxy the environment (`HTTPS_PROXY`, `NO_PROXY`…) sets for `url`, if any."""
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None
+
+
 class AiohttpRequest(BaseRequest):
-    """PTB's transport boundary (`do_request` → status and body) on an aiohttp session."""
+    """PTB's transport boundary (`do_request` → status and body) on an aiohttp session.
+
+    Proxy settings come from the environment, looked up once per host rather than on
+    every request (aiohttp's `trust_env` re-reads them each time)."""
 
     def __init__(self, *, read_timeout: float = 5.0, connect_timeout: float = 5.0,
                  connections: int = 64) -> None:
         self._read, self._connect, self._connections = read_timeout, connect_timeout, connections
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[str, _Proxy] = {}
+
+    def _proxy(self, url: str) -> _Proxy:
+        end = url.find("/", url.find("//") + 2)
+        origin = url if end < 0 else url[:end]
+        if origin not in self._proxies:
+            self._proxies[origin] = env_proxy(origin)
+        return self._proxies[origin]
 
     @property
     def read_timeout(self) -> float:
@@ -90,7 +114,7 @@ class AiohttpRequest(BaseRequest):
     async def initialize(self) -> None:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self._connections)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
+            self._session = aiohttp.ClientSession(connector=connector)
 
     async def shutdown(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -112,8 +136,10 @@ class AiohttpRequest(BaseRequest):
                 for name, (filename, content, mime) in request_data.multipart_data.items():
                     data.add_field(name, content, filename=filename, content_type=mime)
         timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+        proxy, proxy_auth = self._proxy(url) or (None, None)
         try:
-            async with self._session.request(method, url, data=data, timeout=timeout) as reply:
+            async with self._session.request(method, url, data=data, timeout=timeout,
+                                             proxy=proxy, proxy_auth=proxy_auth) as reply:
                 body = await reply.read()
                 if reply.status == 200 and url.endswith("/getUpdates"):
                     body = defuse_updates(body)
