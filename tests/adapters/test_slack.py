@@ -8,7 +8,6 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,141 +17,26 @@ from typing import Any
 import litellm  # noqa: F401 - once up front, not inside the first test's timeouts
 import pytest
 
-from adapters.slack import SlackAdapter, SlackUnavailable, create
+from adapters.slack import SlackUnavailable, create
 from bot.app import build
 from bot.buttons import CancelButton, pack
-from bot.config import Config
 from bot.errors import ConfigError
-from bot.hub import Hub
 from tests.conftest import make_config
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_text
+from tests.suites.harness import SECRET, SlackRig
 
-SECRET = "signing-secret"
-ALLOWED = ["U1", "U2"]
 JSON = dict[str, Any]
 
 
-class Rig:
-    """The fake Slack, the fake model and a running core with the Slack adapter."""
-
-    def __init__(self, fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: str,
-                 edit_interval: float | None = 0.05, placeholder_delay: float = 0.0,
-                 **overrides: Any) -> None:
-        self.fake, self.model, self.tmp, self.mode = fake, model, tmp, mode
-        self.options = {"placeholder_delay": placeholder_delay}
-        if edit_interval is not None:
-            self.options["min_edit_interval"] = edit_interval
-        settings = {"slack__enabled": True, "slack__mode": mode, "slack__bot_token": "xoxb-test",
-                    "slack__app_token": "xapp-test", "slack__signing_secret": SECRET,
-                    "slack__base_url": fake.api_url, "slack__allowed_users": ALLOWED,
-                    "slack__http__port": 0}
-        self.config: Config = make_config(tmp, model, **{**settings, **overrides})
-        self.acks: list[float] = []
-        self.hub: Hub
-        self.adapter: SlackAdapter
-
-    async def start(self) -> None:
-        self.hub, dispatch = build(self.config)
-        await self.hub.d.store.open()
-        self.adapter = create(self.config, self.hub, dispatch, **self.options)
-        await self.adapter.start()
-        await self.hub.recover()
-        if self.mode == "socket":
-            await self.fake.wait_for(lambda: self.fake.open_connections > 0)
-
-    async def stop(self) -> None:
-        await self.adapter.stop()
-        await self.hub.close()
-        await self.hub.d.store.close()
-
-    async def __aenter__(self) -> Rig:
-        await self.start()
-        return self
+class Rig(SlackRig):
+    """SlackRig that checks on a clean exit: every ack within 3 s and none given twice,
+    and no invalid request to the model."""
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        await self.stop()
+        await super().__aexit__(exc_type, *exc)
         if exc_type is None:
             self.check()
-
-    async def restart(self) -> None:
-        await self.hub.idle()
-        await self.stop()
-        await self.start()
-
-    @property
-    def url(self) -> str:
-        assert self.adapter.url is not None
-        return self.adapter.url
-
-    # -- deliveries (acks recorded) ----------------------------------------------------
-
-    async def deliver(self, event: JSON, *, event_id: str | None = None, retry: int = 0) -> str:
-        body = self.fake.event_body(event, event_id=event_id)
-        if self.mode == "socket":
-            envelope = await self.fake.push("events_api", body, retry_attempt=retry)
-            self.acks.append(await self.fake.wait_ack(envelope))
-        else:
-            got = await self.fake.post_event(self.url, body, signing_secret=SECRET,
-                                             retry_num=retry or None)
-            assert got.status == 200, got
-            self.acks.append(got.latency)
-        return str(body["event_id"])
-
-    async def say(self, channel: str, user: str, text: str, **kwargs: Any) -> JSON:
-        """A user message, delivered; a mention also arrives as a `message` event."""
-        event = self.fake.message_event(channel, user, text, **kwargs)
-        await self.deliver(event)
-        if kwargs.get("mention"):
-            twin = dict(event, type="message", channel_type=kwargs.get("channel_type", "channel"))
-            await self.deliver(twin)
-        return event
-
-    async def press(self, channel: str, user: str, ts: str, action_id: str,
-                    value: str | None = None) -> None:
-        """`user` presses a button; `value` models a stale view of a button now gone."""
-        if value is None:
-            message = self.fake.message(channel, ts)
-            assert message is not None and message.blocks, self.fake.dump()
-            value = next(e["value"] for b in message.blocks if b["type"] == "actions"
-                         for e in b["elements"] if e["action_id"] == action_id)
-        payload = self.fake.block_actions(channel, user, ts, action_id, value)
-        if self.mode == "socket":
-            envelope = await self.fake.push("interactive", payload)
-            self.acks.append(await self.fake.wait_ack(envelope))
-        else:
-            got = await self.fake.post_action(self.url, payload, signing_secret=SECRET)
-            assert got.status == 200, got
-            self.acks.append(got.latency)
-
-    # -- what the channel shows --------------------------------------------------------
-
-    def texts(self, channel: str, thread: str | None = None) -> list[str]:
-        return self.fake.bot_texts(channel, thread)
-
-    async def wait_text(self, channel: str, needle: str, thread: str | None = None,
-                        timeout: float = 10.0) -> list[str]:
-        def found() -> list[str] | None:
-            texts = self.texts(channel, thread)
-            return texts if any(needle in t for t in texts) else None
-
-        result = await self.fake.wait_for(found, timeout)
-        assert result is not None
-        return result
-
-    async def card(self, channel: str, n: int = 1) -> FakeSlackMessage:
-        def cards() -> list[FakeSlackMessage]:
-            return [m for m in self.fake.bot_messages(channel)
-                    if "wants to run" in block_text(m.blocks)]
-
-        found = await self.fake.wait_for(lambda: cards() if len(cards()) >= n else None)
-        assert found is not None
-        return found[n - 1]
-
-    async def settle(self) -> None:
-        await asyncio.sleep(0.05)
-        await self.fake.wait_for(lambda: not self.adapter._inflight)
-        await self.hub.idle()
 
     def check(self) -> None:
         assert self.acks and max(self.acks) < 3.0, self.acks

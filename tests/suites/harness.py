@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import litellm  # noqa: F401 - loaded once up front, not inside a test's timeouts
 
@@ -253,21 +253,29 @@ async def tg_rig(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram, *,
 
 
 class SlackRig:
-    """The fake Slack, the fake model and a running core with the Slack adapter."""
+    """The fake Slack, the fake model and a running core with the Slack adapter.
+
+    Deliveries and presses go in over Socket Mode or signed HTTP (`mode`); their acks'
+    latencies are kept in `acks`. `edit_interval` None keeps the adapter's default pace.
+    """
 
     def __init__(self, fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: str,
-                 edit_interval: float = 0.05, **overrides: Any) -> None:
+                 edit_interval: float | None = 0.05, placeholder_delay: float = 0.0,
+                 **overrides: Any) -> None:
         self.fake, self.model, self.tmp, self.mode = fake, model, tmp, mode
-        self.options = {"min_edit_interval": edit_interval, "placeholder_delay": 0.0}
+        self.options: JSON = {"placeholder_delay": placeholder_delay}
+        if edit_interval is not None:
+            self.options["min_edit_interval"] = edit_interval
         settings = {"slack__enabled": True, "slack__mode": mode, "slack__bot_token": "xoxb-test",
                     "slack__app_token": "xapp-test", "slack__signing_secret": SECRET,
                     "slack__base_url": fake.api_url, "slack__allowed_users": ["U1", "U2"],
                     "slack__http__port": 0}
         self.config: Config = make_config(tmp, model, **{**settings, **overrides})
+        self.acks: list[float] = []
         self.hub: Hub
         self.adapter: SlackAdapter
 
-    async def __aenter__(self) -> SlackRig:
+    async def start(self) -> None:
         self.hub, dispatch = build(self.config)
         await self.hub.d.store.open()
         self.adapter = create_slack(self.config, self.hub, dispatch, **self.options)
@@ -275,14 +283,25 @@ class SlackRig:
         await self.hub.recover()
         if self.mode == "socket":
             await self.fake.wait_for(lambda: self.fake.open_connections > 0)
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def stop(self) -> None:
         try:
             await self.adapter.stop()
         finally:
             await self.hub.close()
             await self.hub.d.store.close()
+
+    async def restart(self) -> None:
+        await self.hub.idle()
+        await self.stop()
+        await self.start()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        await self.stop()
 
     @property
     def url(self) -> str:
@@ -293,23 +312,31 @@ class SlackRig:
     def workspace(self) -> Path:
         return Path(self.config.workspace.dir)
 
-    async def deliver(self, event: JSON) -> int:
-        """Deliver an event; returns the HTTP status (200 in Socket Mode once acked)."""
-        body = self.fake.event_body(event)
+    async def deliver(self, event: JSON, *, event_id: str | None = None, retry: int = 0) -> str:
+        """Deliver an event and wait for its ack (HTTP: a 200); returns its event_id."""
+        body = self.fake.event_body(event, event_id=event_id)
         if self.mode == "socket":
-            envelope = await self.fake.push("events_api", body)
-            await self.fake.wait_ack(envelope)
-            return 200
-        got = await self.fake.post_event(self.url, body, signing_secret=SECRET)
-        return got.status
+            envelope = await self.fake.push("events_api", body, retry_attempt=retry)
+            self.acks.append(await self.fake.wait_ack(envelope))
+        else:
+            got = await self.fake.post_event(self.url, body, signing_secret=SECRET,
+                                             retry_num=retry or None)
+            assert got.status == 200, got
+            self.acks.append(got.latency)
+        return str(body["event_id"])
 
     async def say(self, channel: str, user: str, text: str, **kwargs: Any) -> JSON:
+        """A user message, delivered; a mention also arrives as a `message` event."""
         event = self.fake.message_event(channel, user, text, **kwargs)
-        assert await self.deliver(event) == 200
+        await self.deliver(event)
+        if kwargs.get("mention"):
+            twin = dict(event, type="message", channel_type=kwargs.get("channel_type", "channel"))
+            await self.deliver(twin)
         return event
 
     async def press(self, channel: str, user: str, ts: str, action_id: str,
                     value: str | None = None) -> None:
+        """`user` presses a button; `value` models a stale view of a button now gone."""
         if value is None:
             message = self.fake.message(channel, ts)
             assert message is not None and message.blocks, self.fake.dump()
@@ -317,10 +344,12 @@ class SlackRig:
                          for e in b["elements"] if e["action_id"] == action_id)
         payload = self.fake.block_actions(channel, user, ts, action_id, value)
         if self.mode == "socket":
-            await self.fake.wait_ack(await self.fake.push("interactive", payload))
+            envelope = await self.fake.push("interactive", payload)
+            self.acks.append(await self.fake.wait_ack(envelope))
         else:
             got = await self.fake.post_action(self.url, payload, signing_secret=SECRET)
             assert got.status == 200, got
+            self.acks.append(got.latency)
 
     def texts(self, channel: str, thread: str | None = None) -> list[str]:
         return self.fake.bot_texts(channel, thread)
