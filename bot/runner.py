@@ -158,8 +158,8 @@ class Runner:
 
     async def _complete(self, conv: Conversation, state: TurnState, cancel: asyncio.Event,
                         scratch: _Scratch) -> Completion | None:
-        messages = self.request(conv)
-        estimated = conv.kept + self.budget_fixed()
+        messages = self.request(conv)  # reads the persona: the estimate below reuses it
+        estimated = conv.kept + self._system_tokens[1] + self._tool_tokens
         stream = self._consume(conv, state, messages, scratch, cancel)
         task = asyncio.ensure_future(stream)
         waiter = asyncio.ensure_future(cancel.wait())
