@@ -617,8 +617,10 @@ class SlackAdapter:
                 channel=conv.chat_id, timestamp=ref.removeprefix(prefix), name="eyes"),
                 deadline=30.0)
         except SlackApiError as exc:
-            if exc.response.get("error") != "already_reacted":
-                log.warning("slack: could not react in %s", conv, exc_info=True)
+            if exc.response.get("error") == "already_reacted":
+                return
+            log.warning("slack: could not react in %s (%s)", conv, exc.response.get("error"))
+            await self._post(conv, render.QUEUED)  # reactions off: say it instead
 
 
 def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> SlackAdapter:

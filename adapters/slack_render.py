@@ -37,6 +37,7 @@ VERDICT_ACTIONS = {Verdict.APPROVE: "tandem_approve", Verdict.DENY: "tandem_deny
                    Verdict.ALWAYS: "tandem_always"}
 THINKING = "⏳ Thinking…"
 WAITING = "⏸ Waiting for approval"
+QUEUED = "👀 Got it; I will answer after the current reply."
 OUTCOMES = {"approved": "✅ Approved by {by}", "denied": "❌ Denied by {by}",
             "always": "✅ Always allowed in this chat by {by}",
             "expired": "⌛ Expired — not run", "cancelled": "⏹ Cancelled — not run",

@@ -18,6 +18,7 @@ import litellm  # noqa: F401 - once up front, not inside the first test's timeou
 import pytest
 
 from adapters.slack import SlackUnavailable, create
+from adapters.slack_render import QUEUED
 from bot.app import build
 from bot.buttons import CancelButton, pack
 from bot.errors import ConfigError
@@ -223,6 +224,20 @@ async def test_a_message_during_a_turn_is_queued_with_eyes(rig: Rig,
     await rig.wait_text("D1", "Both answered.")
     await rig.settle()
     assert rig.fake.reactions == [("D1", second["ts"], "eyes")]
+    assert "second" in user_texts(model)[-1]
+
+
+async def test_without_reactions_a_queued_message_is_acknowledged_in_words(
+        rig: Rig, model: FakeModelServer) -> None:
+    del rig.fake._handlers["reactions.add"]  # a workspace (or a server) without reactions
+    model.script(Reply(text="slow " * 30, chunk_delay=0.02), Reply(text="Both answered."))
+    await rig.say("D1", "U1", "first")
+    await rig.fake.wait_for(lambda: any("slow" in t for t in rig.texts("D1")))
+    await rig.say("D1", "U1", "second")
+    await rig.wait_text("D1", "Both answered.")
+    await rig.settle()
+    assert rig.fake.reactions == []
+    assert rig.texts("D1").count(QUEUED) == 1
     assert "second" in user_texts(model)[-1]
 
 
