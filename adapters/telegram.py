@@ -74,6 +74,7 @@ PLATFORM = "telegram"
 MAX_TEXT = 4096
 THINKING = "⏳ Thinking…"
 WAITING = "⏸ Waiting for approval"
+QUEUED = "👀 Got it; I will answer after the current reply."
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
@@ -153,7 +154,10 @@ class TelegramAdapter:
             raise ConfigError("telegram.token", "was rejected by Telegram") from None
         me = self.app.bot.bot
         self.username, self.bot_id = me.username or "", me.id
-        await self.app.bot.set_my_commands([BotCommand(n, d) for n, d in COMMANDS])
+        try:
+            await self.app.bot.set_my_commands([BotCommand(n, d) for n, d in COMMANDS])
+        except TelegramError as exc:  # the menu is a convenience: start without it
+            log.warning("Telegram: could not register the command menu (%s)", exc)
         if not self.config.telegram.allowed_users:
             log.warning("telegram.allowed_users is empty: Tandem answers nobody on Telegram")
         assert self.app.updater is not None
@@ -449,9 +453,8 @@ class TelegramAdapter:
             return
         try:
             await self.api.react(where[0], where[1], "👀")
-        except BadRequest:  # reactions are off in this chat
-            note = "👀 Got it; I will answer after the current reply."
-            await self.api.send(*_where(event.conv), note, note)
+        except (BadRequest, InvalidToken):  # reactions off here; a 404: not served at all
+            await self.api.send(*_where(event.conv), QUEUED, QUEUED)
 
     async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> Posted:
         """LiveMessage's `post`: a new message, with ⏹ Cancel while live."""

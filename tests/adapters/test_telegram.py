@@ -18,7 +18,7 @@ from typing import Any
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
 
-from adapters.telegram import TelegramAdapter, create
+from adapters.telegram import QUEUED, TelegramAdapter, create
 from bot.app import build
 from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.errors import ConfigError
@@ -513,6 +513,24 @@ async def test_queued_message_gets_a_reaction(tmp_path: Path, model: FakeModelSe
     assert fake.reactions[0][2] == [{"type": "emoji", "emoji": "👀"}]
     assert any("also this" in t for t in user_texts(model))
     assert model.violations == []
+
+
+async def test_a_bot_api_without_reactions_or_a_command_menu(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    # Some Bot API servers serve only the core methods: Tandem still starts and answers,
+    # and a queued message is acknowledged in words.
+    for method in ("setmessagereaction", "setmycommands"):
+        del fake._methods[method]
+    model.script(Reply(text="slow " * 40, chunk_size=5, chunk_delay=0.02),
+                 Reply(text="second answer"))
+    async with rig(tmp_path, model, fake) as r:
+        fake.push_message(ANN, ANN, "first")
+        await r.until(lambda: any(m.text.startswith("slow") for m in r.bot(ANN)))
+        fake.push_message(ANN, ANN, "also this")
+        await r.answered(ANN, "second answer")
+        await r.hub.idle()
+    assert fake.reactions == [] and fake.bot_texts(ANN).count(QUEUED) == 1
+    assert any("also this" in t for t in user_texts(model))
 
 
 async def test_commands(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
