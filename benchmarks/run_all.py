@@ -181,7 +181,7 @@ def main() -> None:
          "turns/s (p50 / p99)",
          f"{median(tg, 'latency', 'p50_ms'):.1f} / {median(tg, 'latency', 'p99_ms'):.1f} ms",
          "python benchmarks/telegram_bench.py"),
-        ("Telegram: added latency, 200 chats at "
+        ("Telegram: added latency, 300 chats at "
          f"~{median(tg, 'latency_loaded', 'turns_per_s'):.0f} turns/s (p50 / p99)",
          f"{median(tg, 'latency_loaded', 'p50_ms'):.1f} / "
          f"{median(tg, 'latency_loaded', 'p99_ms'):.1f} ms",

@@ -8,7 +8,7 @@ an instant in-process model answers every call. Two phases, each on a fresh data
   latency here is mostly queueing (Little's law: chats / throughput);
 * latency: every chat waits a think time (uniform 0.5-1.5 x `--think` s) between turns,
   so the bot is loaded but not saturated: 50 chats (~35 turns/s, more than Telegram
-  delivers to one bot) and `--rate-chats` chats (200: ~200 turns/s, the throughput target);
+  delivers to one bot) and `--rate-chats` chats (300: ~200 turns/s, the throughput target);
 * streaming: the model takes `--stream` s per answer (a chunk every 0.1 s), so turns
   post a placeholder and edit it; here latency excludes the model's time.
 
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--think", type=float, default=1.0,
                         help="mean seconds between a chat's turns in the latency phase")
-    parser.add_argument("--rate-chats", type=int, default=200,
+    parser.add_argument("--rate-chats", type=int, default=300,
                         help="chats in the second latency phase (~chats / think turns/s)")
     parser.add_argument("--stream", type=float, default=3.0,
                         help="seconds the model streams each answer in the streaming phase")
