@@ -46,14 +46,15 @@ SEND_TIMEOUT_S = 30.0
 """How long a send waits for Telegram's reply. A send that times out may still have
 arrived, and without its reply its message can never be edited: wait long for it."""
 Rows = list[list[tuple[str, str]]]
+_NOT_SERVED = object()
 
 
 def defuse_updates(body: bytes) -> bytes:
     """Replace any update the library cannot parse by a bare `{"update_id": N}`.
 
-    One malformed update would otherwise fail the whole batch at every poll, and the
-    offset would never move past it: the bot would stall. The bare update is confirmed
-    and matches no handler.
+    One malformed update fails the library's parsing of its whole batch, and the offset
+    would never move past it: the bot would stall. The bare update is confirmed and
+    matches no handler.
     """
     try:
         reply = json.loads(body)
@@ -92,13 +93,18 @@ class AiohttpRequest(BaseRequest):
     """PTB's transport boundary (`do_request` → status and body) on an aiohttp session.
 
     Proxy settings come from the environment, looked up once per host rather than on
-    every request (aiohttp's `trust_env` re-reads them each time)."""
+    every request (aiohttp's `trust_env` re-reads them each time). A poll that asks again
+    from the offset whose updates it was just given means the library could not parse
+    them: that answer goes through `defuse_updates` (only then, as it parses each update
+    once more)."""
 
     def __init__(self, *, read_timeout: float = 5.0, connect_timeout: float = 5.0,
                  connections: int = 64) -> None:
         self._read, self._connect, self._connections = read_timeout, connect_timeout, connections
         self._session: aiohttp.ClientSession | None = None
         self._proxies: dict[str, _Proxy] = {}
+        self._served_from: object = _NOT_SERVED
+        """The offset of the last poll, if it was given updates."""
 
     def _proxy(self, url: str) -> _Proxy:
         end = url.find("/", url.find("//") + 2)
@@ -135,14 +141,18 @@ class AiohttpRequest(BaseRequest):
                 data = aiohttp.FormData(data)
                 for name, (filename, content, mime) in request_data.multipart_data.items():
                     data.add_field(name, content, filename=filename, content_type=mime)
+        polling = url.endswith("/getUpdates")
+        offset = request_data.parameters.get("offset") if polling and request_data else None
         timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
         proxy, proxy_auth = self._proxy(url) or (None, None)
         try:
             async with self._session.request(method, url, data=data, timeout=timeout,
                                              proxy=proxy, proxy_auth=proxy_auth) as reply:
                 body = await reply.read()
-                if reply.status == 200 and url.endswith("/getUpdates"):
-                    body = defuse_updates(body)
+                if polling and reply.status == 200:
+                    if offset == self._served_from:
+                        body = defuse_updates(body)
+                    self._served_from = offset if b'"update_id"' in body else _NOT_SERVED
                 return reply.status, body
         except TimeoutError as exc:
             raise TimedOut from exc

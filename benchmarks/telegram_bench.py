@@ -1,8 +1,9 @@
 """The Telegram adapter under load: N private chats × M turns through FakeTelegram.
 
-Everything real except the model: python-telegram-bot polls the fake Bot API over HTTP
-(the fake runs in this process and shares its CPU), the hub runs on SQLite on disk, and
-an instant in-process model answers every call. Two phases, each on a fresh database:
+Everything real except the model: python-telegram-bot polls the fake Bot API over HTTP,
+the hub runs on SQLite on disk, and an instant in-process model answers every call. The
+fake and the chats that drive it run in a child process (Telegram does not share
+Tandem's CPU); Tandem runs in this one, started afresh, on a fresh database, per phase:
 
 * throughput: every chat sends its next message the moment the previous answer shows;
   latency here is mostly queueing (Little's law: chats / throughput);
@@ -14,8 +15,9 @@ an instant in-process model answers every call. Two phases, each on a fresh data
 
 Measured: turns per second; the bot's added latency per turn, from the fake handing out
 the update in getUpdates to the answer's final text on screen (p50/p99); the highest
-edit rate seen in any chat. Run: `python benchmarks/telegram_bench.py [--chats 50]
-[--turns 10] [--think 1.0] [--stream 3.0] [--flood] [--profile out.prof]`.
+edit rate seen in any chat; Tandem's CPU time per turn. Run: `python
+benchmarks/telegram_bench.py [--chats 50] [--turns 10] [--think 1.0] [--stream 3.0]
+[--flood] [--profile out.prof]`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncio
 import cProfile
 import json
 import logging
+import multiprocessing
 import platform
 import random
 import re
@@ -37,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +53,14 @@ from bot.llm import Completion, Delta, StreamItem, warm
 from tests.fakes.telegram_server import FakeTelegram, JSONDict
 
 REPO = Path(__file__).resolve().parent.parent
-QUESTION = re.compile(r"q(\d+)-(\d+)")
+QUESTION = re.compile(r"q(\d+\.\d+-\d+)")
+ANSWER = re.compile(r"a\d+\.\d+-\d+")
 FIRST_USER = 10_000
 
 
 class InstantModel:
-    """An in-process model that answers `q<chat>-<turn>` with `a<chat>-<turn>`: at once, or
-    streamed over `stream_s` seconds (a chunk every 0.1 s)."""
+    """An in-process model that answers `q<tag>` with `a<tag>`: at once, or streamed over
+    `stream_s` seconds (a chunk every 0.1 s)."""
 
     model = "instant"
 
@@ -65,13 +70,16 @@ class InstantModel:
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
         found = QUESTION.findall(str(messages[-1].get("content", "")))
-        tag = "a{}-{}".format(*found[-1]) if found else "a?"
+        tag = f"a{found[-1]}" if found else "a?"
         pieces = ["Sure", ", here", " it is: "] + ["more "] * int(self.stream_s * 10)
         for piece in pieces:
             if self.stream_s:
                 await asyncio.sleep(0.1)
             yield Delta(piece)
         yield Completion("".join(pieces) + tag, (), 100, 8)
+
+
+# ---- the Telegram side (child process) -------------------------------------------------
 
 
 class TimedTelegram(FakeTelegram):
@@ -91,7 +99,7 @@ class TimedTelegram(FakeTelegram):
         return result
 
     def _final(self, result: JSONDict) -> JSONDict:
-        match = re.search(r"a\d+-\d+", result.get("text", ""))
+        match = ANSWER.search(result.get("text", ""))
         if match and "reply_markup" not in result:
             self.shown.setdefault(match.group(0), time.monotonic())
             waiter = self.waiters.get(match.group(0))
@@ -106,11 +114,11 @@ class TimedTelegram(FakeTelegram):
         return self._final(await super()._edit_message_text(params))
 
 
-async def chat_loop(fake: TimedTelegram, chat: int, turns: int, update_ids: dict[str, int],
-                    think: float) -> None:
+async def chat_loop(fake: TimedTelegram, phase: int, chat: int, turns: int,
+                    update_ids: dict[str, int], think: float) -> None:
     await asyncio.sleep(random.uniform(0, 2 * think))
     for turn in range(turns):
-        tag = f"{chat}-{turn}"
+        tag = f"{phase}.{chat}-{turn}"
         fake.waiters[f"a{tag}"] = done = asyncio.Event()
         update_ids[f"a{tag}"] = fake.push_message(FIRST_USER + chat, FIRST_USER + chat,
                                                   f"q{tag}", first_name=f"User{chat}")
@@ -118,45 +126,104 @@ async def chat_loop(fake: TimedTelegram, chat: int, turns: int, update_ids: dict
         await asyncio.sleep(random.uniform(0.5, 1.5) * think)
 
 
-async def run(chats: int, turns: int, flood: bool, think: float,
-              stream_s: float = 0.0) -> dict[str, float]:
-    users = [FIRST_USER + i for i in range(chats)]
-    async with TimedTelegram(flood=flood) as fake:
-        with tempfile.TemporaryDirectory() as tmp:
-            config = Config.model_validate({
-                "llm": {"model": "openai/instant", "context_window": 32000},
-                "store": {"path": f"{tmp}/bench.db"},
-                "persona": {"dir": str(REPO / "persona")}, "workspace": {"dir": f"{tmp}/ws"},
-                "telegram": {"enabled": True, "token": fake.token,
-                             "base_url": f"{fake.url}/bot", "allowed_users": users}})
-            hub, dispatch = build(config, model=InstantModel(stream_s))
-            await hub.d.store.open()
-            adapter = create(config, hub, dispatch)
-            try:
-                await adapter.start()
-                await hub.recover()
-                warm()  # as `tandem run` does once it is ready
-                update_ids: dict[str, int] = {}
-                started = time.monotonic()
-                await asyncio.gather(*(chat_loop(fake, c, turns, update_ids, think)
-                                       for c in range(chats)))
-                elapsed = time.monotonic() - started
-                await hub.idle()
-            finally:
-                await adapter.stop()
-                await hub.close()
-                await hub.d.store.close()
-        latencies = sorted(1000 * (fake.shown[tag] - fake.served[uid] - stream_s)
-                           for tag, uid in update_ids.items())
-        cuts = statistics.quantiles(latencies, n=100)
-        return {
-            "turns": float(chats * turns), "seconds": elapsed,
-            "turns_per_s": chats * turns / elapsed, "p50_ms": cuts[49], "p99_ms": cuts[98],
-            "max_ms": latencies[-1],
-            "max_edits_per_s": float(max(fake.max_edit_rate(u) for u in users)),
-            "api_calls": float(len(fake.calls)), "rate_limited": float(len(fake.rate_limited)),
-            "edits": float(len(fake.calls_to("editMessageText"))),
-        }
+async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: float,
+                stream_s: float) -> dict[str, float]:
+    """One phase's chats, start to finish; its figures."""
+    calls, limited = len(fake.calls), len(fake.rate_limited)
+    edits = len(fake.calls_to("editMessageText"))
+    update_ids: dict[str, int] = {}
+    started = time.monotonic()
+    await asyncio.gather(*(chat_loop(fake, phase, c, turns, update_ids, think)
+                           for c in range(chats)))
+    elapsed = time.monotonic() - started
+    latencies = sorted(1000 * (fake.shown[tag] - fake.served[uid] - stream_s)
+                       for tag, uid in update_ids.items())
+    cuts = statistics.quantiles(latencies, n=100)
+    return {
+        "turns": float(chats * turns), "seconds": elapsed,
+        "turns_per_s": chats * turns / elapsed, "p50_ms": cuts[49], "p99_ms": cuts[98],
+        "max_ms": latencies[-1],
+        "max_edits_per_s": float(max(fake.max_edit_rate(FIRST_USER + c)
+                                     for c in range(chats))),
+        "api_calls": float(len(fake.calls) - calls),
+        "rate_limited": float(len(fake.rate_limited) - limited),
+        "edits": float(len(fake.calls_to("editMessageText")) - edits),
+    }
+
+
+def phases(args: argparse.Namespace) -> list[tuple[str, int, int, float, float]]:
+    """(name, chats, turns, think, stream_s) for each phase."""
+    return [("throughput", args.chats, args.turns, 0.0, 0.0),
+            ("latency", args.chats, args.turns, args.think, 0.0),
+            ("latency_loaded", args.rate_chats, args.turns, args.think, 0.0),
+            ("streaming", args.chats, max(1, args.turns // 3), args.think, args.stream)]
+
+
+async def telegram_side(conn: Connection, args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    async with TimedTelegram(flood=args.flood) as fake:
+        conn.send((fake.url, fake.token))
+        results: dict[str, Any] = {}
+        for phase, (name, chats, turns, think, stream_s) in enumerate(phases(args)):
+            conn.send(("start", stream_s))
+            await loop.run_in_executor(None, conn.recv)  # Tandem is polling
+            results[name] = await drive(fake, phase, chats, turns, think, stream_s)
+            conn.send(("stop", None))
+            results[name]["tandem_cpu_ms"] = await loop.run_in_executor(None, conn.recv)
+        conn.send(("done", results))
+
+
+def telegram_process(conn: Connection, args: argparse.Namespace) -> None:
+    asyncio.run(telegram_side(conn, args))
+
+
+# ---- Tandem (this process) -------------------------------------------------------------
+
+
+async def tandem_phase(conn: Connection, url: str, token: str, chats: int,
+                       stream_s: float) -> float:
+    """Tandem from start to stop for one phase; its CPU milliseconds in between."""
+    loop = asyncio.get_running_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config.model_validate({
+            "llm": {"model": "openai/instant", "context_window": 32000},
+            "store": {"path": f"{tmp}/bench.db"},
+            "persona": {"dir": str(REPO / "persona")}, "workspace": {"dir": f"{tmp}/ws"},
+            "telegram": {"enabled": True, "token": token, "base_url": f"{url}/bot",
+                         "allowed_users": [FIRST_USER + c for c in range(chats)]}})
+        hub, dispatch = build(config, model=InstantModel(stream_s))
+        await hub.d.store.open()
+        adapter = create(config, hub, dispatch)
+        try:
+            await adapter.start()
+            await hub.recover()
+            warm()  # as `tandem run` does once it is ready
+            cpu = time.process_time()
+            conn.send("ready")
+            await loop.run_in_executor(None, conn.recv)  # the phase is over
+            cpu = time.process_time() - cpu
+            await hub.idle()
+        finally:
+            await adapter.stop()
+            await hub.close()
+            await hub.d.store.close()
+    return cpu * 1000
+
+
+async def tandem_side(conn: Connection, chats: int,
+                      profiler: cProfile.Profile | None) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    url, token = await loop.run_in_executor(None, conn.recv)
+    while True:
+        command, value = await loop.run_in_executor(None, conn.recv)
+        if command == "done":
+            return dict(value)
+        if profiler is not None:
+            profiler.enable()
+        cpu_ms = await tandem_phase(conn, url, token, chats, value)
+        if profiler is not None:
+            profiler.disable()
+        conn.send(cpu_ms)
 
 
 def report(name: str, result: dict[str, float]) -> None:
@@ -165,6 +232,7 @@ def report(name: str, result: dict[str, float]) -> None:
     print(f"  added latency p50  {result['p50_ms']:8.1f} ms")
     print(f"  added latency p99  {result['p99_ms']:8.1f} ms   (max {result['max_ms']:.1f} ms)")
     print(f"  max edits/s/chat   {result['max_edits_per_s']:8.0f}")
+    print(f"  Tandem's CPU       {result['tandem_cpu_ms'] / result['turns']:8.2f} ms per turn")
     print(f"  API calls {result['api_calls']:.0f}, edits {result['edits']:.0f}, "
           f"429s {result['rate_limited']:.0f}")
 
@@ -174,43 +242,44 @@ def main() -> None:
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--think", type=float, default=1.0,
-                        help="mean seconds between a chat's turns in the latency phase")
+                        help="mean seconds between a chat's turns in the latency phases")
     parser.add_argument("--rate-chats", type=int, default=300,
                         help="chats in the second latency phase (~chats / think turns/s)")
     parser.add_argument("--stream", type=float, default=3.0,
                         help="seconds the model streams each answer in the streaming phase")
     parser.add_argument("--flood", action="store_true",
                         help="the fake's flood control on (1 edit/s per chat, burst 3)")
-    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the run")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of Tandem's side")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs; {args.chats} chats x "
           f"{args.turns} turns, flood control {'on' if args.flood else 'off'}")
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=telegram_process, args=(theirs, args), daemon=True)
+    child.start()
     profiler = cProfile.Profile() if args.profile else None
+    try:
+        results = asyncio.run(tandem_side(ours, max(args.chats, args.rate_chats), profiler))
+    finally:
+        child.join(timeout=30)
     if profiler is not None:
-        profiler.enable()
-    busy = asyncio.run(run(args.chats, args.turns, args.flood, 0.0))
-    paced = asyncio.run(run(args.chats, args.turns, args.flood, args.think))
-    loaded = asyncio.run(run(args.rate_chats, args.turns, args.flood, args.think))
-    streamed = asyncio.run(run(args.chats, max(1, args.turns // 3), args.flood, args.think,
-                               args.stream))
-    if profiler is not None:
-        profiler.disable()
         profiler.dump_stats(args.profile)
+    busy, paced, loaded = results["throughput"], results["latency"], results["latency_loaded"]
     report("throughput (no think time)", busy)
     report(f"latency ({args.chats} chats, think time ~{args.think:g} s)", paced)
     report(f"latency ({args.rate_chats} chats, think time ~{args.think:g} s)", loaded)
-    report(f"streaming ({args.stream:g} s answers, model time not counted)", streamed)
-    edits = max(r["max_edits_per_s"] for r in (busy, paced, loaded, streamed))
+    report(f"streaming ({args.stream:g} s answers, model time not counted)",
+           results["streaming"])
+    edits = max(r["max_edits_per_s"] for r in results.values())
     print(f"targets: >= 200 turns/s: {busy['turns_per_s']:.0f}; p99 < 50 ms: "
           f"{paced['p99_ms']:.1f} ms at {paced['turns_per_s']:.0f} turns/s, "
           f"{loaded['p99_ms']:.1f} ms at {loaded['turns_per_s']:.0f} turns/s; "
           f"<= 1 edit/s/chat: {edits:.0f}")
     if args.json:
-        figures = {"throughput": busy, "latency": paced, "latency_loaded": loaded,
-                   "streaming": streamed, "max_edits_per_s": edits}
-        Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({**results, "max_edits_per_s": edits},
+                                              indent=1, default=str))
 
 
 if __name__ == "__main__":
