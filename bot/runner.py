@@ -23,7 +23,7 @@ from bot.history import CallState, Msg, Outcome, ToolCall, estimate_tokens, tool
 from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
 from bot.loop import CallRecord, Decide, Exit, ExitReason, Reason, Run, TurnState, next_action
 from bot.persona import Persona
-from bot.store import ApprovalRow
+from bot.store import ApprovalRow, Usage
 from bot.store.sqlite import SQLiteStore, short_id
 from bot.tools import Registry, ToolContext, cap, parse_arguments
 
@@ -147,11 +147,13 @@ class Runner:
         usage = None
         if completion.prompt_tokens is not None:
             usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
-        msg = await self.d.store.append_assistant(
-            conv.row.id, conv.row.session,
-            Msg("assistant", completion.text, state.turn, tuple(calls)), state.steps, usage)
-        conv.append(msg)
-        state.calls.extend(CallRecord(call=c) for c in calls)
+        msg = Msg("assistant", completion.text, state.turn, tuple(calls))
+        if calls:
+            conv.append(await self.d.store.append_assistant(
+                conv.row.id, conv.row.session, msg, state.steps, usage))
+            state.calls.extend(CallRecord(call=c) for c in calls)
+        else:  # the answer: a plain step always ends the turn; stored with its end
+            scratch.final = (msg, (state.steps, usage))
         state.last_step_plain = not calls
         scratch.answer = completion.text or scratch.answer
         scratch.text = ""
@@ -294,6 +296,7 @@ class Runner:
     async def _exit(self, conv: Conversation, state: TurnState, reason: ExitReason,
                     scratch: _Scratch) -> None:
         key = conv.row.key
+        assert scratch.final is None or reason is not ExitReason.SUSPENDED
         if reason is ExitReason.SUSPENDED:
             await self.d.store.end_turn(conv.row.id, state.turn, "suspended", None)
             await self.d.emit(TurnEnded(key, state.turn, scratch.answer, reason.value,
@@ -306,11 +309,11 @@ class Runner:
             if record.state is not CallState.FINISHED:
                 await self.finish(conv, state, record, Outcome.INTERRUPTED,
                                   why.get(reason, "interrupted"))
-        partial = scratch.partial
-        await self.d.store.end_turn(conv.row.id, state.turn, "done", reason.value, partial,
-                                    conv.row.session)
-        if partial is not None:
-            conv.append(partial)
+        last, step = scratch.final or (scratch.partial, None)
+        stored = await self.d.store.end_turn(conv.row.id, state.turn, "done", reason.value,
+                                             last, conv.row.session, step=step)
+        if stored is not None:
+            conv.append(stored)
         conv.turn = None
         await self.d.emit(TurnEnded(key, state.turn, self._final_text(state, reason, scratch),
                                     reason.value))
@@ -319,8 +322,9 @@ class Runner:
         match reason:
             case ExitReason.COMPLETED:
                 return scratch.answer or "(The model returned an empty answer.)"
-            case ExitReason.CANCELLED:
-                text = scratch.partial.content if scratch.partial else ""
+            case ExitReason.CANCELLED:  # what had streamed, or an answer just complete
+                shown = scratch.partial or (scratch.final[0] if scratch.final else None)
+                text = shown.content if shown else ""
                 return f"{text}\n\n⏹ Cancelled." if text else "⏹ Cancelled."
             case ExitReason.MAX_STEPS:
                 note = (f"I stopped after {state.max_steps} steps without finishing. "
@@ -347,6 +351,9 @@ class _Scratch:
     text: str = ""
     answer: str = ""
     partial: Msg | None = None
+    """A cancelled stream's text, stored as the turn ends."""
+    final: tuple[Msg, tuple[int, Usage | None]] | None = None
+    """The model's answer (a step without tool calls), stored as the turn ends."""
 
 
 def _tool_outcome(task: asyncio.Future[str], name: str, limit: int) -> tuple[Outcome, str]:

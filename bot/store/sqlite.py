@@ -20,7 +20,7 @@ import aiosqlite
 from bot.errors import StoreError
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, calls_from_json, calls_to_json
-from bot.store import ApprovalRow, CallRow, ConvRow, JobRow, RuleRow, TurnRow
+from bot.store import ApprovalRow, CallRow, ConvRow, JobRow, RuleRow, TurnRow, Usage
 
 T = TypeVar("T")
 
@@ -93,6 +93,25 @@ def _insert_msg(db: sqlite3.Connection, conv_id: int, session: int, m: Msg, now:
          m.tool_call_id, m.name, now))
     assert cur.lastrowid is not None
     return m.with_id(cur.lastrowid)
+
+
+def _insert_step(db: sqlite3.Connection, conv_id: int, session: int, msg: Msg, steps: int,
+                 usage: Usage | None, now: float) -> Msg:
+    """A model step: the message, its tool calls (PENDING), the step count and usage."""
+    if usage is not None:
+        db.execute(
+            "UPDATE conversations SET prompt_tokens = prompt_tokens + ?,"
+            " completion_tokens = completion_tokens + ?, cost = cost + ? WHERE id=?",
+            (*usage, conv_id))
+    stored = _insert_msg(db, conv_id, session, msg, now)
+    db.executemany(
+        "INSERT INTO tool_calls (conv_id, call_id, turn, name, arguments, state,"
+        " updated_at) VALUES (?,?,?,?,?,?,?)",
+        [(conv_id, c.id, msg.turn, c.name, c.arguments, CallState.PENDING.value, now)
+         for c in msg.tool_calls])
+    db.execute("UPDATE turns SET steps=? WHERE conv_id=? AND turn=?",
+               (steps, conv_id, msg.turn))
+    return stored
 
 
 class SQLiteStore:
@@ -282,26 +301,10 @@ class SQLiteStore:
         return await self._tx(fn)
 
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
-                               usage: tuple[int, int, float] | None = None) -> Msg:
+                               usage: Usage | None = None) -> Msg:
         """The model's step, its tool calls (PENDING) and its token usage, in one commit."""
-        def fn(db: sqlite3.Connection) -> Msg:
-            now = time.time()
-            if usage is not None:
-                db.execute(
-                    "UPDATE conversations SET prompt_tokens = prompt_tokens + ?,"
-                    " completion_tokens = completion_tokens + ?, cost = cost + ? WHERE id=?",
-                    (*usage, conv_id))
-            stored = _insert_msg(db, conv_id, session, msg, now)
-            db.executemany(
-                "INSERT INTO tool_calls (conv_id, call_id, turn, name, arguments, state,"
-                " updated_at) VALUES (?,?,?,?,?,?,?)",
-                [(conv_id, c.id, msg.turn, c.name, c.arguments, CallState.PENDING.value, now)
-                 for c in msg.tool_calls])
-            db.execute("UPDATE turns SET steps=? WHERE conv_id=? AND turn=?",
-                       (steps, conv_id, msg.turn))
-            return stored
-
-        return await self._tx(fn)
+        return await self._tx(
+            lambda db: _insert_step(db, conv_id, session, msg, steps, usage, time.time()))
 
     async def set_call(self, conv_id: int, call_id: str, state: CallState,
                        outcome: Outcome | None = None, result: Msg | None = None,
@@ -318,17 +321,21 @@ class SQLiteStore:
         return await self._tx(fn)
 
     async def end_turn(self, conv_id: int, turn: int, status: str, reason: str | None,
-                       partial: Msg | None = None, session: int = 0) -> None:
-        def fn(db: sqlite3.Connection) -> None:
-            if partial is not None:
-                _insert_msg(db, conv_id, session, partial, time.time())
+                       last: Msg | None = None, session: int = 0, *,
+                       step: tuple[int, Usage | None] | None = None) -> Msg | None:
+        """End the turn; `last` (a partial answer, or with `step` the model's final step,
+        its step count and usage) is stored in the same commit. Returns it as stored."""
+        def fn(db: sqlite3.Connection) -> Msg | None:
+            stored = None
+            if last is not None and step is not None:
+                stored = _insert_step(db, conv_id, session, last, *step, time.time())
+            elif last is not None:
+                stored = _insert_msg(db, conv_id, session, last, time.time())
             db.execute("UPDATE turns SET status=?, reason=? WHERE conv_id=? AND turn=?",
                        (status, reason, conv_id, turn))
+            return stored
 
-        if partial is None:
-            await self._run(fn)
-        else:
-            await self._tx(fn)
+        return await (self._run(fn) if last is None else self._tx(fn))
 
     async def open_turns(self) -> list[tuple[int, int]]:
         """(conv_id, turn) of turns that were running when the process stopped."""
