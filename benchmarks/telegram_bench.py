@@ -132,10 +132,10 @@ async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: 
     calls, limited = len(fake.calls), len(fake.rate_limited)
     edits = len(fake.calls_to("editMessageText"))
     update_ids: dict[str, int] = {}
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     await asyncio.gather(*(chat_loop(fake, phase, c, turns, update_ids, think)
                            for c in range(chats)))
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     latencies = sorted(1000 * (fake.shown[tag] - fake.served[uid] - stream_s)
                        for tag, uid in update_ids.items())
     cuts = statistics.quantiles(latencies, n=100)
@@ -148,6 +148,7 @@ async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: 
         "api_calls": float(len(fake.calls) - calls),
         "rate_limited": float(len(fake.rate_limited) - limited),
         "edits": float(len(fake.calls_to("editMessageText")) - edits),
+        "fake_cpu_ms": cpu * 1000,
     }
 
 
@@ -232,7 +233,8 @@ def report(name: str, result: dict[str, float]) -> None:
     print(f"  added latency p50  {result['p50_ms']:8.1f} ms")
     print(f"  added latency p99  {result['p99_ms']:8.1f} ms   (max {result['max_ms']:.1f} ms)")
     print(f"  max edits/s/chat   {result['max_edits_per_s']:8.0f}")
-    print(f"  Tandem's CPU       {result['tandem_cpu_ms'] / result['turns']:8.2f} ms per turn")
+    print(f"  CPU per turn       {result['tandem_cpu_ms'] / result['turns']:8.2f} ms Tandem's, "
+          f"{result['fake_cpu_ms'] / result['turns']:.2f} ms the fake's and its chats'")
     print(f"  API calls {result['api_calls']:.0f}, edits {result['edits']:.0f}, "
           f"429s {result['rate_limited']:.0f}")
 
