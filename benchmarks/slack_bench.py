@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.slack import create  # noqa: E402
-from bot.app import build  # noqa: E402
+from benchmarks.running import running  # noqa: E402
 from bot.config import Config  # noqa: E402
-from bot.llm import Completion, Delta, StreamItem, warm  # noqa: E402
+from bot.llm import Completion, Delta, StreamItem  # noqa: E402
 from tests.fakes.slack_server import FakeSlackServer  # noqa: E402
 
 JSON = dict[str, Any]
@@ -233,26 +233,17 @@ async def tandem_side(conn: Connection, profiler: cProfile.Profile | None) -> JS
     api_url = await loop.run_in_executor(None, conn.recv)
     with tempfile.TemporaryDirectory() as tmp:
         config = make_config(Path(tmp), api_url)
-        hub, dispatch = build(config, model=InstantModel())
-        await hub.d.store.open()
-        adapter = create(config, hub, dispatch)
         try:
-            await adapter.start()
-            await hub.recover()
-            warm()  # as `tandem run` does once it is ready
-            if profiler:
-                profiler.enable()
-            cpu = time.process_time()
-            results: JSON = await loop.run_in_executor(None, conn.recv)
-            cpu = time.process_time() - cpu
-            if profiler:
-                profiler.disable()
-            results["cpu_ms_per_turn"] = cpu * 1000 / results["all_turns"]
-            await hub.idle()
+            async with running(config, InstantModel(), create):
+                if profiler:
+                    profiler.enable()
+                cpu = time.process_time()
+                results: JSON = await loop.run_in_executor(None, conn.recv)
+                cpu = time.process_time() - cpu
+                if profiler:
+                    profiler.disable()
+                results["cpu_ms_per_turn"] = cpu * 1000 / results["all_turns"]
         finally:
-            await adapter.stop()
-            await hub.close()
-            await hub.d.store.close()
             conn.send("stopped")
     return results
 

@@ -47,9 +47,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.telegram import create
-from bot.app import build
+from benchmarks.running import running
 from bot.config import Config
-from bot.llm import Completion, Delta, StreamItem, warm
+from bot.llm import Completion, Delta, StreamItem
 from tests.fakes.telegram_server import FakeTelegram, JSONDict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,22 +192,11 @@ async def tandem_phase(conn: Connection, url: str, token: str, chats: int,
             "persona": {"dir": str(REPO / "persona")}, "workspace": {"dir": f"{tmp}/ws"},
             "telegram": {"enabled": True, "token": token, "base_url": f"{url}/bot",
                          "allowed_users": [FIRST_USER + c for c in range(chats)]}})
-        hub, dispatch = build(config, model=InstantModel(stream_s))
-        await hub.d.store.open()
-        adapter = create(config, hub, dispatch)
-        try:
-            await adapter.start()
-            await hub.recover()
-            warm()  # as `tandem run` does once it is ready
+        async with running(config, InstantModel(stream_s), create):
             cpu = time.process_time()
             conn.send("ready")
             await loop.run_in_executor(None, conn.recv)  # the phase is over
             cpu = time.process_time() - cpu
-            await hub.idle()
-        finally:
-            await adapter.stop()
-            await hub.close()
-            await hub.d.store.close()
     return cpu * 1000
 
 
