@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 Ref = TypeVar("Ref")
 FENCE = "```"
 FINAL_DEADLINE_S = 600.0
+THINKING = "⏳ Thinking…"
+WAITING = "⏸ Waiting for approval"
+QUEUED = "👀 Got it; I will answer after the current reply."
+"""Said when a message arrives during a turn and reactions cannot say it."""
+
+
+def paused_for_approval(text: str) -> str:
+    """A turn's text as it pauses for an approval."""
+    return f"{text.rstrip()}\n\n{WAITING}" if text.strip() else WAITING
 
 
 class RetryLater(Exception):

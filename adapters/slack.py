@@ -39,7 +39,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters import slack_render as render
-from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater
+from adapters.live import (
+    FINAL_DEADLINE_S,
+    QUEUED,
+    THINKING,
+    LiveMessage,
+    RetryLater,
+    paused_for_approval,
+)
 from adapters.slack_render import (
     PLATFORM,
     Incoming,
@@ -491,13 +498,13 @@ class SlackAdapter:
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
                 live = self._live[conv] = self._new_live(conv)
-                await live.open(render.THINKING, delay=self.placeholder_delay)
+                await live.open(THINKING, delay=self.placeholder_delay)
             case Progress():
                 if (running := self._live.get(conv)) is not None:
                     running.update(render.progress_text(event))
             case TurnEnded(text=text, suspended=suspended):
                 if suspended:
-                    text = f"{text}\n\n{render.WAITING}" if text.strip() else render.WAITING
+                    text = paused_for_approval(text)
                 if (ending := self._live.pop(conv, None)) is not None:
                     await ending.finish(text)
                     await ending.close()
@@ -620,7 +627,7 @@ class SlackAdapter:
             if exc.response.get("error") == "already_reacted":
                 return
             log.warning("slack: could not react in %s (%s)", conv, exc.response.get("error"))
-            await self._post(conv, render.QUEUED)  # reactions off: say it instead
+            await self._post(conv, QUEUED)  # reactions off: say it instead
 
 
 def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> SlackAdapter:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from adapters.live import split_text
+from adapters.live import THINKING, WAITING, split_text
 from bot.buttons import ApprovalButton, CancelButton, pack
 from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
 
@@ -35,9 +35,6 @@ CANCEL_ACTION = "tandem_cancel"
 BUTTON_ACTION = "tandem_button"
 VERDICT_ACTIONS = {Verdict.APPROVE: "tandem_approve", Verdict.DENY: "tandem_deny",
                    Verdict.ALWAYS: "tandem_always"}
-THINKING = "⏳ Thinking…"
-WAITING = "⏸ Waiting for approval"
-QUEUED = "👀 Got it; I will answer after the current reply."
 OUTCOMES = {"approved": "✅ Approved by {by}", "denied": "❌ Denied by {by}",
             "always": "✅ Always allowed in this chat by {by}",
             "expired": "⌛ Expired — not run", "cancelled": "⏹ Cancelled — not run",

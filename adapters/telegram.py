@@ -42,7 +42,14 @@ from telegram.ext import (
 )
 
 from adapters import telegram_render as render
-from adapters.live import LiveMessage, RetryLater, split_text
+from adapters.live import (
+    QUEUED,
+    THINKING,
+    LiveMessage,
+    RetryLater,
+    paused_for_approval,
+    split_text,
+)
 from adapters.telegram_api import AiohttpRequest, BotApi, Posted
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
@@ -72,9 +79,6 @@ from bot.hub import Hub
 log = logging.getLogger(__name__)
 PLATFORM = "telegram"
 MAX_TEXT = 4096
-THINKING = "⏳ Thinking…"
-WAITING = "⏸ Waiting for approval"
-QUEUED = "👀 Got it; I will answer after the current reply."
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
@@ -397,7 +401,7 @@ class TelegramAdapter:
         turn = self._turns.pop(event.conv, None)
         text = event.text
         if event.suspended:
-            text = f"{text.rstrip()}\n\n{WAITING}" if text.strip() else WAITING
+            text = paused_for_approval(text)
         if turn is None:
             await self._notice(event.conv, text, ())
             return

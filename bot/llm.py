@@ -73,8 +73,8 @@ def warm() -> None:
     """Import litellm, then freeze the heap built so far (`gc.freeze`).
 
     Everything loaded at start lives as long as the process; frozen, the garbage
-    collector no longer walks it, and its full collections shrink from 50-80 ms pauses
-    (which every chat would feel) to about a millisecond.
+    collector no longer walks it, and its full collections shrink from pauses of up to
+    80 ms (which every chat would feel) to a few milliseconds.
     """
     _import_litellm()
     gc.collect()

@@ -90,6 +90,10 @@ class Runner:
     def budget_fixed(self) -> int:
         """Tokens the system prompt and the tool schemas take in every request."""
         self.system_prompt()
+        return self._fixed_tokens()
+
+    def _fixed_tokens(self) -> int:
+        """`budget_fixed` for the prompt last read (no new look at the persona)."""
         return self._system_tokens[1] + self._tool_tokens
 
     def budget(self) -> int:
@@ -161,7 +165,7 @@ class Runner:
     async def _complete(self, conv: Conversation, state: TurnState, cancel: asyncio.Event,
                         scratch: _Scratch) -> Completion | None:
         messages = self.request(conv)  # reads the persona: the estimate below reuses it
-        estimated = conv.kept + self._system_tokens[1] + self._tool_tokens
+        estimated = conv.kept + self._fixed_tokens()
         stream = self._consume(conv, state, messages, scratch, cancel)
         task = asyncio.ensure_future(stream)
         waiter = asyncio.ensure_future(cancel.wait())

@@ -17,8 +17,8 @@ from typing import Any
 import litellm  # noqa: F401 - once up front, not inside the first test's timeouts
 import pytest
 
+from adapters.live import QUEUED
 from adapters.slack import SlackUnavailable, create
-from adapters.slack_render import QUEUED
 from bot.app import build
 from bot.buttons import CancelButton, pack
 from bot.errors import ConfigError

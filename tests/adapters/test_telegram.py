@@ -18,7 +18,8 @@ from typing import Any
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
 
-from adapters.telegram import QUEUED, TelegramAdapter, create
+from adapters.live import QUEUED
+from adapters.telegram import TelegramAdapter, create
 from bot.app import build
 from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.errors import ConfigError

@@ -14,6 +14,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,6 +43,15 @@ GROUP = -100555
 FAST = {"min_edit_interval": 0.05, "placeholder_delay": 0.0, "typing_delay": 0.0,
         "typing_interval": 0.2}
 SECRET = "signing-secret"
+
+
+def integrity(db: Path) -> str:
+    """`PRAGMA integrity_check` of the database file, from a connection of its own."""
+    conn = sqlite3.connect(db)
+    try:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def rss_kb() -> int:

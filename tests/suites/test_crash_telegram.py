@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import random
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from tests.conftest import PERSONA
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.fakes.telegram_server import FakeTelegram
+from tests.suites.harness import integrity
 from tests.suites.test_crash import respond, tool_alive
 from tests.test_cli import env
 
@@ -63,14 +63,6 @@ async def start(config: Path, tg: FakeTelegram, tmp: Path) -> asyncio.subprocess
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     await tg.wait_for(lambda: len(tg.calls_to("getUpdates")) > polls, timeout=60)
     return proc
-
-
-def integrity(db: Path) -> str:
-    conn = sqlite3.connect(db)
-    try:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        conn.close()
 
 
 async def test_kill_9_with_telegram_loses_nothing_and_answers_once(tmp_path: Path) -> None:

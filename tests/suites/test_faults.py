@@ -28,7 +28,14 @@ from bot.errors import USER_MESSAGES, ModelError, ModelRateLimited, StoreError
 from bot.events import ApprovalRequested, Decision, Notice, TurnEnded, Verdict
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
-from tests.suites.harness import ANN, FaultySlack, FaultyTelegram, SlackRig, tg_rig
+from tests.suites.harness import (
+    ANN,
+    FaultySlack,
+    FaultyTelegram,
+    SlackRig,
+    integrity,
+    tg_rig,
+)
 
 UNREACHABLE = USER_MESSAGES[ModelError]
 RATE_LIMITED = USER_MESSAGES[ModelRateLimited]
@@ -77,14 +84,6 @@ class Lock:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.released.wait, 30)
-
-
-def integrity(db: Path) -> str:
-    conn = sqlite3.connect(db)
-    try:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        conn.close()
 
 
 # ---- the terminal core: model faults ------------------------------------------------------
