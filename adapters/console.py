@@ -26,6 +26,7 @@ from bot.events import (
     Phase,
     Progress,
     Queued,
+    Suspended,
     TurnEnded,
     TurnStarted,
     User,
@@ -69,12 +70,16 @@ class Console:
                     self._streamed = 0
                 self._write(text[self._streamed :])
                 self._streamed, self._shown = len(text), text
-            case TurnEnded(text=text, suspended=suspended):
-                self._finish(text, suspended)
-            case ApprovalRequested():
-                self.pending.append(event.approval_id)
+            case TurnEnded(text=text):
+                self._finish(text, False)
+            case Suspended():
+                self._finish("", True)
+            case ApprovalRequested():  # a reminder too: a terminal keeps no card on screen
+                if event.approval_id not in self.pending:
+                    self.pending.append(event.approval_id)
                 body = "\n".join(f"    {line}" for line in event.summary.splitlines())
-                self._write(f"\nTandem wants to run `{event.tool}`:\n{body}\n"
+                still = "still waits to" if event.reminder else "wants to"
+                self._write(f"\nTandem {still} run `{event.tool}`:\n{body}\n"
                             "Approve? [y]es / [n]o / [a]lways in this chat\n")
             case ApprovalResolved(approval_id=aid, outcome=outcome):
                 with contextlib.suppress(ValueError):

@@ -12,7 +12,9 @@ Tandem has posted in it. Threads found inactive are remembered too, so a busy ch
 at most one look-up per thread per process. Nothing about threads goes in the store.
 
 Every event is acked by bolt before any work; button presses and slash commands call
-`ack()` first. Inbound is handed to `Hub.submit`, which returns at once; each message's
+`ack()` first. Inbound is handed to `Hub.submit`, which checks access first
+(`bot.access`: ids, and for `"*"` the user's workspace against the bot's) and returns at
+once; a stranger gets the hub's refusal, privately. Each message's
 ref `slack:<channel>:<ts>` makes the `app_mention`/`message` pair, Slack's retries and
 Socket Mode redeliveries collapse into one answer, across restarts too.
 """
@@ -53,7 +55,6 @@ from adapters.slack_render import (
     extract_message,
     parse_command,
     slack_text,
-    stranger_text,
 )
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, unpack
@@ -71,6 +72,7 @@ from bot.events import (
     Notice,
     Progress,
     Queued,
+    Suspended,
     TurnEnded,
     TurnStarted,
     User,
@@ -157,8 +159,6 @@ class SlackAdapter:
         self.bot_user = ""
         self.bot_id = ""
         self.team: str | None = None
-        self._allowed = set(self.slack.allowed_users)
-        self._approvers = set(self.slack.approvers)
         self._client: AsyncWebClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._socket: AsyncSocketModeHandler | None = None
@@ -172,7 +172,8 @@ class SlackAdapter:
         self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
         self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
         self._names: OrderedDict[str, str] = OrderedDict()
-        self._told: set[str] = set()
+        self._told: OrderedDict[str, bool] = OrderedDict()
+        """Strangers already told (once per process) that Tandem does not serve them."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -192,8 +193,9 @@ class SlackAdapter:
             await self.stop()
             raise SlackUnavailable(f"slack: cannot reach {base} ({type(exc).__name__})") from None
         self.bot_user, self.bot_id = str(auth["user_id"]), str(auth.get("bot_id") or "")
-        self.team = auth.get("team_id")
-        if not self._allowed and not self._approvers:
+        self.team = _str(auth.get("team_id")) or None
+        self.hub.access.set_home_team(PLATFORM, self.team)  # "*" means: this workspace
+        if self.hub.access.nobody(PLATFORM):
             log.warning("slack.allowed_users is empty: nobody can use Tandem on Slack")
         app = self._build_app()
         if self.slack.mode == "socket":
@@ -292,16 +294,16 @@ class SlackAdapter:
     async def _on_message(self, msg: Incoming) -> None:
         if not msg.addressed and not await self._in_thread(msg.channel, msg.thread or ""):
             return
-        if not self._allowed_user(msg.user, msg.team):
-            await self._tell_stranger(msg.conv, msg.user, dm=msg.dm)
-            return
-        context = None
-        if msg.thread is not None and msg.addressed:
-            context = await self._join_thread(msg.channel, msg.thread, msg.ts)
-        elif msg.conv.thread_id is not None:
-            _remember(self._threads, (msg.channel, msg.conv.thread_id))
-        who = User(msg.user, await self._name(msg.user))
-        await self._submit(msg.conv, self._inbound(msg, who, context), msg.user)
+        who, context = User(msg.user, "", msg.team), None
+        if self.hub.access.allows(PLATFORM, who):
+            # Only for users the hub will serve (it refuses the others): joining a thread
+            # (reading it, answering later replies there) and looking up the name.
+            if msg.thread is not None and msg.addressed:
+                context = await self._join_thread(msg.channel, msg.thread, msg.ts)
+            elif msg.conv.thread_id is not None:
+                _remember(self._threads, (msg.channel, msg.conv.thread_id))
+            who = await self._who(msg.user, msg.team)
+        await self._submit(msg.conv, self._inbound(msg, who, context), who, dm=msg.dm)
 
     def _inbound(self, msg: Incoming, who: User, context: str | None) -> Inbound:
         ref = f"slack:{msg.channel}:{msg.ts}"
@@ -314,10 +316,23 @@ class SlackAdapter:
             return Cancel(msg.conv, who, ref=ref)
         return Command(msg.conv, who, name, args, ref=ref)
 
-    async def _submit(self, conv: ConvKey, item: Inbound, user: str) -> None:
+    async def _submit(self, conv: ConvKey, item: Inbound, who: User, *,
+                      dm: bool | None = None) -> None:
+        """Hand `item` to the hub; show a refusal to `who` only. For a message (`dm` set)
+        a stranger is told once per process, in the DM or privately in the channel."""
         receipt = await self.hub.submit(item)
-        if not receipt.accepted and receipt.note:
-            await self._ephemeral(conv, user, receipt.note)
+        if not receipt.accepted:
+            await self._refused(conv, who, receipt.note, dm=dm)
+
+    async def _refused(self, conv: ConvKey, who: User, note: str | None, *,
+                       dm: bool | None = None) -> None:
+        """Show a refusal's note to `who` alone (nothing when it has none: a duplicate)."""
+        if not note:
+            return
+        if dm is not None and note == self.hub.access.refusal(PLATFORM, who):
+            await self._tell_stranger(conv, who.id, note, dm=dm)
+        else:
+            await self._ephemeral(conv, who.id, note)
 
     async def _in_thread(self, channel: str, thread: str) -> bool:
         """Tandem takes part in this thread (it has posted there)."""
@@ -376,20 +391,24 @@ class SlackAdapter:
         return message.get("user") == self.bot_user or \
             bool(self.bot_id) and message.get("bot_id") == self.bot_id
 
-    def _allowed_user(self, user: str, team: str | None) -> bool:
-        if user in self._allowed or user in self._approvers:
-            return True
-        return "*" in self._allowed and (team is None or self.team is None or team == self.team)
-
-    async def _tell_stranger(self, conv: ConvKey, user: str, *, dm: bool) -> None:
+    async def _tell_stranger(self, conv: ConvKey, user: str, text: str, *, dm: bool) -> None:
+        """The hub's refusal (it has the id an admin needs), once per stranger; the hub
+        logs it."""
         if user in self._told:
             return
-        self._told.add(user)
-        log.warning("slack: message from %s, who is not in slack.allowed_users", user)
+        _remember(self._told, user)
         if dm:
-            await self._post(conv, stranger_text(user))
+            await self._post(conv, text)
         else:
-            await self._ephemeral(conv, user, stranger_text(user))
+            await self._ephemeral(conv, user, text)
+
+    async def _who(self, uid: str, team: str | None) -> User:
+        """The core's user: Slack's id and team; the name is looked up (`users.info`) only
+        for users the hub serves, since it refuses the others before any name is shown."""
+        who = User(uid, "", team)
+        if not self.hub.access.allows(PLATFORM, who):
+            return who
+        return User(uid, await self._name(uid), team)
 
     async def _name(self, user: str) -> str:
         name = self._names.get(user)
@@ -424,40 +443,39 @@ class SlackAdapter:
         thread = _str(container.get("thread_ts"))
         # A card Tandem posted at the top of a DM may later become a thread's root.
         conv = ConvKey(PLATFORM, channel, thread if thread and thread != message_ts else None)
-        if not self._allowed_user(uid, _str(user.get("team_id")) or None):
-            await self._ephemeral(conv, uid, stranger_text(uid))
-            return
         actions = body.get("actions")
         action = _dict(actions[0] if isinstance(actions, list) and actions else None)
         data = unpack(_str(action.get("value")))
-        who = User(uid, await self._name(uid))
+        who = await self._who(uid, _str(user.get("team_id")) or None)
         ref = f"slack:{channel}:{action.get('action_ts')}:{uid}"
         match data:
             case None:
                 await self._ephemeral(conv, uid, INVALID_BUTTON)
-            case CancelButton():
-                self.hub.cancel(Cancel(conv, who))
+            case CancelButton(turn):
+                receipt = self.hub.cancel(Cancel(conv, who, turn=turn))
+                if not receipt.accepted:
+                    await self._refused(conv, who, receipt.note)
             case ApprovalButton(approval_id, verdict):
-                await self._submit(conv, Decision(conv, who, approval_id, verdict, ref=ref), uid)
+                await self._submit(conv, Decision(conv, who, approval_id, verdict, ref=ref), who)
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
-                await self._submit(conv, Command(conv, who, name, item_id, ref=ref), uid)
+                await self._submit(conv, Command(conv, who, name, item_id, ref=ref), who)
 
     async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
         with self._tracked():
-            uid, channel = str(body.get("user_id")), str(body.get("channel_id"))
-            conv = ConvKey(PLATFORM, channel, None)
-            if not self._allowed_user(uid, body.get("team_id")):
-                await self._ephemeral(conv, uid, stranger_text(uid))
+            uid, channel = _str(body.get("user_id")), _str(body.get("channel_id"))
+            if not uid or not channel:
+                log.info("Slack: a slash command without user or channel ignored")
                 return
+            conv = ConvKey(PLATFORM, channel, None)
             name, args = parse_command("/" + str(body.get("text") or "help").strip()) \
                 or ("help", "")
-            who = User(uid, await self._name(uid))
+            who = await self._who(uid, _str(body.get("team_id")) or None)
             ref = f"slack:cmd:{body.get('trigger_id')}"
             item: Inbound = Cancel(conv, who) if name in ("stop", "cancel") \
                 else Command(conv, who, name, args, ref=ref)
-            await self._submit(conv, item, uid)
+            await self._submit(conv, item, who)
 
     # -- outbound -----------------------------------------------------------------------
 
@@ -476,8 +494,10 @@ class SlackAdapter:
 
     async def _render(self, event: Event) -> None:
         match event:
-            case TurnStarted() | Progress() | TurnEnded():
+            case TurnStarted() | Progress() | TurnEnded() | Suspended():
                 await self._render_turn(event)
+            case ApprovalRequested() if event.reminder:
+                pass  # the card is still on screen
             case ApprovalRequested():
                 await self._card(event)
             case ApprovalResolved():
@@ -490,20 +510,20 @@ class SlackAdapter:
             case Queued(conv=conv, ref=ref):
                 await self._react(conv, ref)
 
-    async def _render_turn(self, event: TurnStarted | Progress | TurnEnded) -> None:
+    async def _render_turn(self, event: TurnStarted | Progress | TurnEnded | Suspended) -> None:
         """One LiveMessage per turn: placeholder, throttled edits, final text."""
         conv = event.conv
         match event:
             case TurnStarted():
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
-                live = self._live[conv] = self._new_live(conv)
+                live = self._live[conv] = self._new_live(conv, event.turn)
                 await live.open(THINKING, delay=self.placeholder_delay)
             case Progress():
                 if (running := self._live.get(conv)) is not None:
                     running.update(render.progress_text(event))
-            case TurnEnded(text=text, suspended=suspended):
-                if suspended:
+            case TurnEnded(text=text) | Suspended(text=text):
+                if isinstance(event, Suspended):
                     text = paused_for_approval(text)
                 if (ending := self._live.pop(conv, None)) is not None:
                     await ending.finish(text)
@@ -511,12 +531,12 @@ class SlackAdapter:
                 else:
                     await self._post(conv, text)
 
-    def _new_live(self, conv: ConvKey) -> Live:
+    def _new_live(self, conv: ConvKey, turn: int) -> Live:
         async def post(text: str, live: bool) -> str | None:
-            return await self._live_post(conv, text, live)
+            return await self._live_post(conv, text, live, turn)
 
         async def edit(ts: str | None, text: str, live: bool) -> None:
-            await self._live_edit(conv, ts, text, live)
+            await self._live_edit(conv, ts, text, live, turn)
 
         return LiveMessage(post, edit, limit=render.SECTION_CHARS,
                            min_interval=self.min_edit_interval,
@@ -529,10 +549,10 @@ class SlackAdapter:
             self._holds[channel] = time.monotonic() + wait
             raise RetryLater(wait) from None
 
-    async def _live_post(self, conv: ConvKey, text: str, live: bool) -> str | None:
+    async def _live_post(self, conv: ConvKey, text: str, live: bool, turn: int) -> str | None:
         if self._closed:
             return None
-        out = render.live(text, cancel=live)
+        out = render.live(text, cancel=live, turn=turn)
         try:
             resp = await self.client.chat_postMessage(
                 channel=conv.chat_id, thread_ts=conv.thread_id, text=out.text,
@@ -543,10 +563,11 @@ class SlackAdapter:
             return None
         return str(resp["ts"])
 
-    async def _live_edit(self, conv: ConvKey, ts: str | None, text: str, live: bool) -> None:
+    async def _live_edit(self, conv: ConvKey, ts: str | None, text: str, live: bool,
+                         turn: int) -> None:
         if self._closed or ts is None:
             return
-        out = render.live(text, cancel=live)
+        out = render.live(text, cancel=live, turn=turn)
         try:
             await self.client.chat_update(channel=conv.chat_id, ts=ts, text=out.text,
                                           blocks=out.blocks)
@@ -554,7 +575,7 @@ class SlackAdapter:
             self._limited(conv.chat_id, exc)
             log.warning("slack: could not edit %s in %s", ts, conv, exc_info=True)
             if not live:  # the final text must arrive: as a new message, then
-                await self._live_post(conv, text, False)
+                await self._live_post(conv, text, False, turn)
 
     async def _call(self, fn: Callable[[], Awaitable[T]], deadline: float = FINAL_DEADLINE_S,
                     channel: str | None = None) -> T:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from adapters.live import THINKING, WAITING, split_text
+from adapters.live import THINKING, split_text
 from bot.buttons import ApprovalButton, CancelButton, pack
 from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
 
@@ -143,10 +143,11 @@ def _outgoing(body: list[Block], tail: list[Block]) -> Outgoing:
     return Outgoing(text[:FALLBACK_CHARS] or "…", body + tail)
 
 
-def live(markdown: str, *, cancel: bool) -> Outgoing:
+def live(markdown: str, *, cancel: bool, turn: int | None = None) -> Outgoing:
     """One part of a streamed answer (at most `SECTION_CHARS` of Markdown) as one message,
-    with the Cancel button while the turn runs."""
-    tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton()))]) if cancel else []
+    with the Cancel button (for its own turn) while the turn runs."""
+    tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton(turn)))]) \
+        if cancel else []
     return _outgoing(sections(markdown), tail)
 
 
@@ -166,8 +167,6 @@ def progress_text(event: Progress) -> str:
         return event.text
     if event.phase is Phase.TOOL and event.tool:
         return f"⚙️ Running `{event.tool}`… ({event.elapsed_s:.0f} s)"
-    if event.phase is Phase.APPROVAL:
-        return f"{WAITING}…"
     return THINKING
 
 
@@ -320,8 +319,3 @@ def parse_command(text: str) -> tuple[str, str] | None:
     if match is None:
         return None
     return match.group(1), (match.group(2) or "").strip()
-
-
-def stranger_text(user_id: str) -> str:
-    return (f"Sorry, you are not on Tandem's allowed list. Your Slack user id is `{user_id}`; "
-            "an admin can add it to slack.allowed_users.")

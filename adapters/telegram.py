@@ -1,13 +1,14 @@
 """Telegram, on python-telegram-bot: updates in, events out.
 
-Inbound: a handler checks access (fails closed), decides whether a group message is
-for Tandem, normalizes it and hands it to `hub.submit` (the hub dedupes `tg:<update_id>`
-refs, so a redelivered update is answered once). Outbound: one `LiveMessage` per turn,
-at most one edit per second per chat; Markdown goes out as Telegram HTML. Typing shows
-after `typing_delay`, the placeholder after `placeholder_delay`: a quick answer arrives
-as one message rather than a placeholder and an edit. The Bot API calls themselves
-(flood holds, edit pacing, the plain-text fallback, the aiohttp transport) are in
-`adapters.telegram_api`.
+Inbound: a handler decides whether a group message is for Tandem, normalizes it and
+hands it to `hub.submit`. The hub checks access (`bot.access`, fails closed) before
+anything else, and dedupes `tg:<update_id>` refs, so a redelivered update is answered
+once; a stranger gets the hub's refusal, with their id, once per process. Outbound:
+one `LiveMessage` per turn, at most one edit per second per chat; Markdown goes out as
+Telegram HTML. Typing shows after `typing_delay`, the placeholder after
+`placeholder_delay`: a quick answer arrives as one message rather than a placeholder and
+an edit. The Bot API calls themselves (flood holds, edit pacing, the plain-text fallback,
+the aiohttp transport) are in `adapters.telegram_api`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from bot.events import (
     Phase,
     Progress,
     Queued,
+    Suspended,
     TurnEnded,
     TurnStarted,
     User,
@@ -83,7 +85,8 @@ COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
             ("approvals", "Standing approval rules here")]
-CANCEL_KEYBOARD = [[("⏹ Cancel", pack(CancelButton()))]]
+def cancel_keyboard(turn: int | None) -> list[list[tuple[str, str]]]:
+    return [[("⏹ Cancel", pack(CancelButton(turn)))]]
 
 
 @dataclass(slots=True)
@@ -117,7 +120,6 @@ class TelegramAdapter:
         self.placeholder_delay, self.typing_delay = placeholder_delay, typing_delay
         self.typing_interval = typing_interval
         self.render: Callable[[str], str] = render.to_html
-        self.allowed = set(tg.allowed_users) | set(tg.approvers)
         head, bot, tail = tg.base_url.rstrip("/").rpartition("/bot")
         files = f"{head}/file/bot{tail}" if bot else "https://api.telegram.org/file/bot"
         self._requests = (AiohttpRequest(), AiohttpRequest(connections=2))
@@ -135,7 +137,7 @@ class TelegramAdapter:
         self._turns: dict[ConvKey, _Turn] = {}
         self._cards: dict[str, _Card] = {}
         self._names: dict[str, str] = {}
-        self._refused: set[int] = set()
+        self._refused: set[str] = set()
         self._recent: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._locks: weakref.WeakValueDictionary[ConvKey, asyncio.Lock] = \
             weakref.WeakValueDictionary()
@@ -162,7 +164,7 @@ class TelegramAdapter:
             await self.app.bot.set_my_commands([BotCommand(n, d) for n, d in COMMANDS])
         except TelegramError as exc:  # the menu is a convenience: start without it
             log.warning("Telegram: could not register the command menu (%s)", exc)
-        if not self.config.telegram.allowed_users:
+        if self.hub.access.nobody(PLATFORM):
             log.warning("telegram.allowed_users is empty: Tandem answers nobody on Telegram")
         assert self.app.updater is not None
         self._running = True  # before the first update can be handled
@@ -199,11 +201,19 @@ class TelegramAdapter:
         return ConvKey(PLATFORM, str(message.chat.id), thread)
 
     def _user(self, user: TgUser) -> User:
-        name = str(user.first_name or user.id)
-        self._names[str(user.id)] = name
+        """Telegram's numeric id as the core's string id (names never decide access)."""
         suffix = f" (@{user.username})" if isinstance(user.username, str) and user.username \
             else ""
-        return User(str(user.id), name + suffix)
+        return User(str(user.id), str(user.first_name or user.id) + suffix)
+
+    def _served(self, user: TgUser) -> None:
+        """The hub took this user's input: remember the name their approval cards show."""
+        self._names[str(user.id)] = str(user.first_name or user.id)
+
+    def _stranger(self, note: str | None, user: User) -> bool:
+        """A refusal's note says the hub refused the user (not on the allowed list), rather
+        than this item."""
+        return note is not None and note == self.hub.access.refusal(PLATFORM, user)
 
     def _addressed(self, message: Message, text: str) -> bool:
         """In a group: a mention, a reply to Tandem, or a command not for another bot."""
@@ -232,9 +242,6 @@ class TelegramAdapter:
             return  # not something a real client sends: ignore
         if message.chat.type != ChatType.PRIVATE and not self._addressed(message, message.text):
             return
-        if sender.id not in self.allowed:
-            await self._refuse(message, sender.id)
-            return
         conv, user = self._conv(message), self._user(sender)
         text, ref = render.strip_mention(message.text, self.username), f"tg:{update.update_id}"
         command = render.parse_command(text)
@@ -243,25 +250,30 @@ class TelegramAdapter:
         lock = self._locks.get(conv) or self._locks.setdefault(conv, asyncio.Lock())
         async with lock:  # updates are handled concurrently: keep one chat's order
             if command is not None and command[0] in ("stop", "cancel"):
-                self.hub.cancel(Cancel(conv, user, ref))
-                return
-            self._recent[ref] = (message.chat.id, message.message_id)
-            while len(self._recent) > 1000:
-                self._recent.popitem(last=False)
-            item = Command(conv, user, command[0], command[1], ref=ref) if command \
-                else UserMessage(conv, user, text, ref=ref)
-            receipt = await self.hub.submit(item)
-        if not receipt.accepted and receipt.note:
+                receipt = self.hub.cancel(Cancel(conv, user, ref))
+            else:
+                self._recent[ref] = (message.chat.id, message.message_id)
+                while len(self._recent) > 1000:
+                    self._recent.popitem(last=False)
+                item = Command(conv, user, command[0], command[1], ref=ref) if command \
+                    else UserMessage(conv, user, text, ref=ref)
+                receipt = await self.hub.submit(item)
+                if not receipt.accepted and self._stranger(receipt.note, user):
+                    self._recent.pop(ref, None)
+        if receipt.accepted:
+            self._served(sender)
+        elif receipt.note and self._stranger(receipt.note, user):
+            await self._refuse(message, user, receipt.note)
+        elif receipt.note:
             await self._reply(message, receipt.note)
 
-    async def _refuse(self, message: Message, user_id: int) -> None:
-        """One short answer per stranger (per process), with the id an admin needs."""
-        if user_id in self._refused or len(self._refused) > 10_000:
+    async def _refuse(self, message: Message, user: User, note: str) -> None:
+        """One answer per stranger (per process): the hub's refusal, with the id an admin
+        needs. The hub logs the refusal."""
+        if user.id in self._refused or len(self._refused) > 10_000:
             return
-        self._refused.add(user_id)
-        log.info("Telegram: message from user %s, who is not in telegram.allowed_users", user_id)
-        await self._reply(message, f"Sorry, I only answer people on my list. Your Telegram user "
-                          f"id is {user_id}; an admin can add it to telegram.allowed_users.")
+        self._refused.add(user.id)
+        await self._reply(message, note)
 
     async def _reply(self, message: Message, text: str) -> None:
         try:
@@ -274,9 +286,6 @@ class TelegramAdapter:
         if query is None or query.from_user is None or not isinstance(query.from_user.id, int):
             return  # nothing a real client sends: ignore
         data = unpack(query.data or "")
-        if query.from_user.id not in self.allowed:
-            await self._answer(query, "You are not allowed to use Tandem.", alert=True)
-            return
         if data is None or query.message is None:
             await self._answer(query, "This button is no longer valid.", alert=True)
             return
@@ -284,17 +293,22 @@ class TelegramAdapter:
         ref = f"tg:cb:{query.id}"
         match data:
             case ApprovalButton(approval_id, verdict):
-                self._remember_card(approval_id, query.message)
+                added = self._remember_card(approval_id, query.message)
                 receipt = await self.hub.submit(Decision(conv, user, approval_id, verdict, ref))
-            case CancelButton():
-                receipt = self.hub.cancel(Cancel(conv, user, ref))
-                if not self._live_here(conv, query.message.message_id):
+                if added and not receipt.accepted:  # a refused press leaves nothing behind
+                    self._cards.pop(approval_id, None)
+            case CancelButton(turn):
+                receipt = self.hub.cancel(Cancel(conv, user, ref, turn))
+                if receipt.accepted and not self._live_here(conv, query.message.message_id):
                     # a placeholder whose reply was lost: its turn is over
                     await self.api.clear_buttons(query.message.chat.id,
                                                  query.message.message_id)
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
                 receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
+        if receipt.accepted:
+            self._served(query.from_user)
+        # refused (a stranger too: the hub's text with their id): an alert, every press
         await self._answer(query, receipt.note, alert=not receipt.accepted and bool(receipt.note))
 
     def _live_here(self, conv: ConvKey, message_id: int) -> bool:
@@ -305,11 +319,13 @@ class TelegramAdapter:
         refs = turn.live.refs
         return not refs or any(r.message_id == message_id for r in refs)
 
-    def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> None:
-        """After a restart a card is known only from the press on it."""
+    def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> bool:
+        """After a restart a card is known only from the press on it; True when added."""
         if approval_id not in self._cards and isinstance(message, Message) and message.text:
             self._cards[approval_id] = _Card(message.chat.id, message.message_id,
                                              message.text_html)
+            return True
+        return False
 
     async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool) -> None:
         try:
@@ -326,11 +342,15 @@ class TelegramAdapter:
         try:
             match event:
                 case TurnStarted():
-                    await self._turn_started(event.conv)
+                    await self._turn_started(event.conv, event.turn)
                 case Progress():
                     self._progress(event)
                 case TurnEnded():
-                    await self._turn_ended(event)
+                    await self._turn_ended(event.conv, event.text)
+                case Suspended():
+                    await self._turn_ended(event.conv, paused_for_approval(event.text))
+                case ApprovalRequested() if event.reminder:
+                    pass  # the card is still on screen
                 case ApprovalRequested():
                     await self._approval_requested(event)
                 case ApprovalResolved():
@@ -343,13 +363,13 @@ class TelegramAdapter:
             log.warning("Telegram: could not show %s in %s", type(event).__name__, event.conv,
                         exc_info=True)
 
-    async def _turn_started(self, conv: ConvKey) -> None:
+    async def _turn_started(self, conv: ConvKey, number: int) -> None:
         old = self._turns.pop(conv, None)
         if old is not None:
             await self._end(old)
         chat, thread = _where(conv)
         live: LiveMessage[Posted] = LiveMessage(
-            lambda text, on: self._live_post(chat, thread, text, on), self._live_edit,
+            lambda text, on: self._live_post(chat, thread, text, on, number), self._live_edit,
             limit=MAX_TEXT, min_interval=self.min_edit_interval,
             hold=lambda: self.api.edit_at(chat))
         turn = self._turns[conv] = _Turn(live)
@@ -366,8 +386,6 @@ class TelegramAdapter:
         elif event.phase is Phase.TOOL and event.tool:
             turn.tool, turn.tool_since = event.tool, time.monotonic()
             status = f"⚙️ Running `{event.tool}`…"
-        elif event.phase is Phase.APPROVAL:
-            status = "🔐 Waiting for approval…"
         else:
             status = THINKING
         if status != turn.status:
@@ -397,13 +415,10 @@ class TelegramAdapter:
         await self._stop_typing(turn)
         await turn.live.close()
 
-    async def _turn_ended(self, event: TurnEnded) -> None:
-        turn = self._turns.pop(event.conv, None)
-        text = event.text
-        if event.suspended:
-            text = paused_for_approval(text)
+    async def _turn_ended(self, conv: ConvKey, text: str) -> None:
+        turn = self._turns.pop(conv, None)
         if turn is None:
-            await self._notice(event.conv, text, ())
+            await self._notice(conv, text, ())
             return
         await self._stop_typing(turn)
         await turn.live.finish(text)
@@ -460,30 +475,31 @@ class TelegramAdapter:
         except (BadRequest, InvalidToken):  # reactions off here; a 404: not served at all
             await self.api.send(*_where(event.conv), QUEUED, QUEUED)
 
-    async def _live_post(self, chat: int, thread: int | None, text: str, live: bool) -> Posted:
-        """LiveMessage's `post`: a new message, with ⏹ Cancel while live."""
+    async def _live_post(self, chat: int, thread: int | None, text: str, live: bool,
+                         turn: int | None) -> Posted:
+        """LiveMessage's `post`: a new message, with ⏹ Cancel (for its turn) while live."""
         try:
             message = await self.api.send(chat, thread, self.render(text), text,
-                                          CANCEL_KEYBOARD if live else None, wait=False)
+                                          cancel_keyboard(turn) if live else None, wait=False)
         except (BadRequest, Forbidden):
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
-            return Posted(chat, thread, None)
+            return Posted(chat, thread, None, turn)
         except TimedOut:  # it may have arrived: never post twice; the text follows later
             log.warning("Telegram: no reply to a post in chat %s within %g s", chat,
                         self.api.send_timeout)
-            return Posted(chat, thread, None)
+            return Posted(chat, thread, None, turn)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc
-        return Posted(chat, thread, message.message_id)
+        return Posted(chat, thread, message.message_id, turn)
 
     async def _live_edit(self, ref: Posted, text: str, live: bool) -> None:
         """LiveMessage's `edit`; a message that vanished is posted again."""
         try:
             if ref.message_id is None or not await self.api.edit(
-                    ref, self.render(text), text, CANCEL_KEYBOARD if live else None,
+                    ref, self.render(text), text, cancel_keyboard(ref.turn) if live else None,
                     final=not live):
-                ref.message_id = (await self._live_post(ref.chat, ref.thread, text, live)) \
-                    .message_id
+                ref.message_id = (await self._live_post(ref.chat, ref.thread, text, live,
+                                                        ref.turn)).message_id
         except (BadRequest, Forbidden):
             log.error("Telegram: could not edit in chat %s", ref.chat, exc_info=True)
         except NetworkError as exc:

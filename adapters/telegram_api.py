@@ -167,6 +167,8 @@ class Posted:
     chat: int
     thread: int | None
     message_id: int | None
+    turn: int | None = None
+    """The turn a live placeholder belongs to (its Cancel button carries it)."""
 
 
 @dataclass(slots=True)

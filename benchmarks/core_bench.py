@@ -40,6 +40,12 @@ class InstantModel:
 
     model = "instant"
 
+    def __init__(self, window: int = 32_000) -> None:
+        self.context_window = window
+
+    async def window(self) -> int:
+        return self.context_window
+
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
         for piece in ("Sure", ", here", " it is."):
@@ -68,7 +74,7 @@ async def seed(hub: Any, key: ConvKey, messages: int) -> None:
                   Msg("assistant", f"Answer {i}: it is done and verified.", turn)]
     for start in range(0, len(batch), 2):
         await store.begin_turn(row.id, row.session, batch[start:start + 2], "u", False, [])
-    await store.end_turn(row.id, turn, "done", "completed")
+        await store.end_turn(row.id, row.session, batch[start].turn, "done", "completed")
 
 
 async def measure(history: int, turns: int, window: int) -> list[float]:
@@ -77,10 +83,10 @@ async def measure(history: int, turns: int, window: int) -> list[float]:
             "llm": {"model": "openai/instant", "context_window": window},
             "store": {"path": f"{tmp}/bench.db"}, "persona": {"dir": str(REPO / "persona")},
             "workspace": {"dir": f"{tmp}/ws"}})
-        hub, dispatch = build(config, model=InstantModel())
+        hub, dispatch = build(config, model=InstantModel(window))
         done = Done()
         dispatch.sinks["bench"] = done
-        key = ConvKey("bench", "c1")
+        key = ConvKey("console", "c1")
         await hub.d.store.open()
         try:
             await seed(hub, key, history)
@@ -111,6 +117,103 @@ def help_time(runs: int = 7) -> float:
     return statistics.median(samples)
 
 
+# A fresh Tandem in a child process (litellm not imported yet; preload started first, as
+# `tandem run` does): the first message starts the first model turn, and meanwhile a second
+# chat sends /help every 50 ms. argv: the fake model's api_base, the context window or "".
+FIRST_TURN_CHILD = """
+import asyncio, json, os, statistics, sys, tempfile, time
+from pathlib import Path
+from bot import llm
+assert "litellm" not in sys.modules
+llm.preload()  # what `tandem run` does first (bot/main.py)
+from bot.app import build
+from bot.config import Config
+from bot.events import Command, ConvKey, Notice, TurnEnded, User, UserMessage
+
+
+class Sink:
+    def __init__(self):
+        self.changed = asyncio.Event()
+        self.events = []
+
+    async def emit(self, event):
+        self.events.append(event)
+        self.changed.set()
+
+    async def wait(self, test, after=0):
+        while not any(test(e) for e in self.events[after:]):
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def main(api_base, window):
+    tmp = tempfile.mkdtemp()
+    llm_config = {"model": "openai/fake", "api_base": api_base, "api_key": "sk-bench",
+                  "timeout_s": 60}
+    if window:
+        llm_config["context_window"] = int(window)
+    config = Config.model_validate({
+        "llm": llm_config, "store": {"path": f"{tmp}/t.db"},
+        "persona": {"dir": str(Path.cwd() / "persona")}, "workspace": {"dir": f"{tmp}/ws"}})
+    hub, dispatch = build(config)
+    sink = dispatch.sinks["console"] = Sink()
+    await hub.d.store.open()
+    await hub.recover()
+    user = User("u", "Ann")
+    first, second = ConvKey("console", "first"), ConvKey("console", "second")
+    started = time.perf_counter()
+    await hub.submit(UserMessage(first, user, "hello", ref="m1"))
+    waits, slot = [], 0
+    while not any(isinstance(e, TurnEnded) and e.conv == first for e in sink.events):
+        # /help is due every 50 ms, as if sent from outside: a loop that was blocked
+        # answers late, and the wait counts from when it was due.
+        due = started + slot * 0.05
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        seen = len(sink.events)
+        await hub.submit(Command(second, user, "help"))
+        await sink.wait(lambda e: isinstance(e, Notice) and e.conv == second, seen)
+        done = time.perf_counter()
+        waits.append(done - due)
+        slot = int((done - started) / 0.05) + 1
+    answered = time.perf_counter() - started
+    await hub.close()
+    await hub.d.store.close()
+    await llm.close()
+    print(json.dumps({"max_ms": max(waits) * 1000, "median_ms": statistics.median(waits) * 1000,
+                      "samples": len(waits), "first_answer_s": answered}))
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def first_turn_help(window: int | None) -> dict[str, float]:
+    """How long /help in a second chat waits while the first model turn after a fresh
+    start runs (litellm loading, then the answer streaming), in a child process."""
+    from tests.fakes.model_server import FakeModelServer, Reply
+
+    async def run() -> dict[str, float]:
+        async with FakeModelServer() as model:
+            model.responder = lambda _m: Reply(text="pong " * 25, chunk_delay=0.02)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+            env["PYTHONPATH"] = str(REPO)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", FIRST_TURN_CHILD, model.api_base, str(window or ""),
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), 180)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            if proc.returncode:
+                raise RuntimeError(f"first-turn child failed:\n{err.decode()[-3000:]}")
+            result: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
+            return result
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=300)
@@ -130,6 +233,12 @@ def main() -> None:
         print(f"{history:>8} {p50:>8.3f} {p99:>8.3f} {statistics.mean(ms):>8.3f}")
     figures["help_ms"] = help_time() * 1000
     print(f"tandem --help: {figures['help_ms']:.0f} ms (median of 7)")
+    for name, window in (("first_turn_help", 32_000), ("first_turn_help_no_window", None)):
+        got = figures[name] = first_turn_help(window)
+        print(f"/help in a 2nd chat during the first model turn after a start "
+              f"(llm.context_window {'set' if window else 'unset'}): max {got['max_ms']:.0f} "
+              f"ms, median {got['median_ms']:.1f} ms over {got['samples']:.0f}; the first "
+              f"answer after {got['first_answer_s']:.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 

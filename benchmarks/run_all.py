@@ -120,7 +120,7 @@ async def store_per_turn(turns: int = 200) -> dict[str, float]:
         dispatch.sinks["bench"] = done
         await store.open()
         try:
-            key, user = ConvKey("bench", "1"), User("u", "Ann")
+            key, user = ConvKey("console", "1"), User("u", "Ann")
             await hub.submit(UserMessage(key, user, "warm up", ref="w"))
             await done.event.wait()
             await hub.idle()

@@ -56,6 +56,9 @@ class InstantModel:
 
     model = "bench/instant"
 
+    async def window(self) -> int:
+        return 32_000
+
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
         last = str(messages[-1].get("content") or "")

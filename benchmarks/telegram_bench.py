@@ -67,6 +67,9 @@ class InstantModel:
     def __init__(self, stream_s: float = 0.0) -> None:
         self.stream_s = stream_s
 
+    async def window(self) -> int:
+        return 32_000
+
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
         found = QUESTION.findall(str(messages[-1].get("content", "")))

@@ -23,7 +23,8 @@ class ApprovalButton:
 
 @dataclass(frozen=True, slots=True)
 class CancelButton:
-    pass
+    turn: int | None = None
+    """The turn the button was shown for: a stale button cannot cancel a later turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,8 @@ def pack(data: ButtonData) -> str:
     match data:
         case ApprovalButton(approval_id, verdict):
             out = f"ap:{approval_id}:{_VERDICT_CODES[verdict]}"
-        case CancelButton():
-            out = "cx"
+        case CancelButton(turn):
+            out = "cx" if turn is None else f"cx:{turn}"
         case ItemButton(kind, item_id):
             out = f"{'jc' if kind == 'job' else 'rr'}:{item_id}"
     if len(out.encode()) > MAX_BYTES:
@@ -60,6 +61,8 @@ def unpack(raw: str) -> ButtonData | None:
             return ApprovalButton(approval_id, _CODE_VERDICTS[code])
         case ["cx"]:
             return CancelButton()
+        case ["cx", turn] if turn.isdigit() and len(turn) <= 12:
+            return CancelButton(int(turn))
         case ["jc", item_id] if item_id.isalnum():
             return ItemButton("job", item_id)
         case ["rr", item_id] if item_id.isalnum():

@@ -1,15 +1,20 @@
-"""Chat commands: `/new`, `/status`, `/help`, `/approvals`, `/jobs`."""
+"""Chat commands: `/new`, `/status`, `/help`, `/approvals`, `/jobs`.
+
+A command gets a small context and returns what to show (events), plus `Reset` when
+the conversation should start afresh; the hub carries that out.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 from bot.buttons import ItemButton, pack
-from bot.events import Button, Command, Notice
-
-if TYPE_CHECKING:
-    from bot.conversation import Conversation
-    from bot.hub import Hub
+from bot.config import Config
+from bot.conversation import Conversation
+from bot.events import Button, Command, Event, Notice
+from bot.prompt import Prompt
+from bot.store import Store
 
 HELP = """Tandem answers here and can use tools; risky ones wait for your approval.
 /new: start a fresh conversation (the old one is kept, but no longer in view)
@@ -20,52 +25,74 @@ HELP = """Tandem answers here and can use tools; risky ones wait for your approv
 /help: this text"""
 
 
-async def run(hub: Hub, conv: Conversation, cmd: Command) -> None:
+class Jobs(Protocol):
+    async def cancel(self, conv_id: int, job_id: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext:
+    config: Config
+    store: Store
+    prompt: Prompt
+    window: int
+    running: bool
+    """A turn of this conversation is running right now."""
+    jobs: Jobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Start a fresh session (what waits for a human is not run)."""
+
+
+Result = list[Event | Reset]
+
+
+async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
     key = conv.row.key
     match cmd.name:
         case "new":
-            await hub.reset(conv)
             text = "Started a new conversation. Earlier messages are no longer in view."
-            await hub.d.emit(Notice(key, text))
+            return [Reset(), Notice(key, text)]
         case "status":
-            await hub.d.emit(Notice(key, await status(hub, conv)))
+            return [Notice(key, await status(ctx, conv))]
         case "approvals":
-            await hub.d.emit(await approvals(hub, conv))
+            return [await approvals(ctx, conv)]
         case "jobs":
-            await hub.d.emit(await jobs(hub, conv))
+            return [await jobs(ctx, conv)]
         case "revoke":
-            await revoke(hub, conv, cmd.args)
-        case "canceljob" if hub.scheduler is not None:
-            await hub.d.emit(Notice(key, await hub.scheduler.cancel(conv.row.id, cmd.args)))
+            return [await revoke(ctx, conv, cmd.args)]
+        case "canceljob" if ctx.jobs is not None:
+            return [Notice(key, await ctx.jobs.cancel(conv.row.id, cmd.args))]
         case "help" | "start":
-            await hub.d.emit(Notice(key, HELP))
+            return [Notice(key, HELP)]
         case _:
-            await hub.d.emit(Notice(key, f"Unknown command /{cmd.name}.\n\n{HELP}"))
+            return [Notice(key, f"Unknown command /{cmd.name}.\n\n{HELP}")]
 
 
-async def status(hub: Hub, conv: Conversation) -> str:
-    row = await hub.d.store.conversation(conv.row.key)
-    budget_used = int(conv.kept * conv.calibration) + hub.runner.budget_fixed()
-    window = hub.d.window
+async def status(ctx: CommandContext, conv: Conversation) -> str:
+    row = await ctx.store.conversation(conv.row.key)
+    ctx.prompt.system()  # the persona as it is now
+    used, window = ctx.prompt.used(conv), ctx.window
     state = conv.turn
-    running = "a turn is running" if hub.running(conv.row.key) else "idle"
-    if state is not None and not hub.running(conv.row.key):
+    running = "a turn is running" if ctx.running else "idle"
+    if state is not None and not ctx.running:
         running = "waiting for approval"
     lines = [
-        f"Model: {hub.config.llm.model}",
-        f"Context: ~{budget_used:,} of {window:,} tokens ({100 * budget_used // window}%)"
+        f"Model: {ctx.config.llm.model}",
+        f"Context: ~{used:,} of {window:,} tokens ({100 * used // window}%)"
         f", {len(conv.history) - conv.cut} messages in view, {conv.dropped_turns} older "
-        "turns trimmed",
+        "turns trimmed" + (" (summarized)" if conv.summary else ""),
         f"This conversation: {row.prompt_tokens:,} prompt + {row.completion_tokens:,} "
         f"completion tokens, ${row.cost:.4f}",
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
-        f"Persona: {hub.d.persona.fingerprint or 'not loaded yet'}",
+        f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]
     return "\n".join(lines)
 
 
-async def approvals(hub: Hub, conv: Conversation) -> Notice:
-    rules = await hub.d.store.rules(conv.row.id)
+async def approvals(ctx: CommandContext, conv: Conversation) -> Notice:
+    rules = await ctx.store.rules(conv.row.id)
     if not rules:
         return Notice(conv.row.key, "No standing \"always\" rules in this chat.")
     lines = ["Standing \"always\" rules in this chat:"]
@@ -76,8 +103,8 @@ async def approvals(hub: Hub, conv: Conversation) -> Notice:
     return Notice(conv.row.key, "\n".join(lines), buttons=tuple(buttons))
 
 
-async def jobs(hub: Hub, conv: Conversation) -> Notice:
-    rows = await hub.d.store.jobs(conv.row.id)
+async def jobs(ctx: CommandContext, conv: Conversation) -> Notice:
+    rows = await ctx.store.jobs(conv.row.id)
     if not rows:
         return Notice(conv.row.key, "No scheduled tasks in this chat.")
     lines = ["Scheduled tasks in this chat:"]
@@ -88,7 +115,7 @@ async def jobs(hub: Hub, conv: Conversation) -> Notice:
     return Notice(conv.row.key, "\n".join(lines), buttons=tuple(buttons))
 
 
-async def revoke(hub: Hub, conv: Conversation, rule_id: str) -> None:
-    removed = await hub.d.store.delete_rule(conv.row.id, rule_id)
+async def revoke(ctx: CommandContext, conv: Conversation, rule_id: str) -> Notice:
+    removed = await ctx.store.delete_rule(conv.row.id, rule_id)
     text = "Rule revoked: that call will ask again." if removed else "That rule no longer exists."
-    await hub.d.emit(Notice(conv.row.key, text))
+    return Notice(conv.row.key, text)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from bot.errors import ConfigError
 
@@ -56,6 +57,16 @@ class Breakers(Section):
     tool_failures_warn: int = Field(default=6, ge=1)
     tool_failures_fatal: int = Field(default=8, ge=1)
     ledger_size: int = Field(default=50, ge=1)
+    ignored_skips: int = Field(default=2, ge=1)
+    """A model that repeats a skipped call this many times more is looping: end the turn."""
+    loop_message: str = ("I stopped: I kept repeating `{tool}` after Tandem told me its "
+                         "result was already returned. Please rephrase or try another way.")
+
+
+class ContextConfig(Section):
+    summary: bool = False
+    """When the trim drops turns, have the model summarize them (stored, reused)."""
+    summary_max_tokens: int = Field(default=800, ge=50)
 
 
 class Limits(Section):
@@ -72,6 +83,37 @@ class ApprovalsConfig(Section):
     unattended: Literal["deny", "ask"] = "deny"
 
 
+def _user_id(platform: str, *, wildcard: bool) -> Any:
+    """A validator for one entry of `<platform>.allowed_users` (`wildcard`: "*" may be one)
+    or `<platform>.approvers`. Telegram ids become ints (digits in quotes are fine)."""
+    what = "a numeric Telegram user id" if platform == "telegram" else "a Slack user id"
+
+    def check(value: Any) -> Any:
+        text = value.strip() if isinstance(value, str) else None
+        if text == "*":
+            if wildcard:
+                return text
+            raise PydanticCustomError("user_id", '"*" cannot be an approver: list user ids')
+        if platform == "telegram":
+            if text is not None and text.isascii() and text.isdigit():
+                value = int(text)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        elif text:
+            return text
+        raise PydanticCustomError("user_id", "must be {what}{star}, not {value}",
+                                  {"what": what, "star": ' or "*"' if wildcard else "",
+                                   "value": repr(value)[:40]})
+
+    return BeforeValidator(check)
+
+
+TelegramUser = Annotated[int | Literal["*"], _user_id("telegram", wildcard=True)]
+TelegramApprover = Annotated[int, _user_id("telegram", wildcard=False)]
+SlackUser = Annotated[str, _user_id("slack", wildcard=True)]
+SlackApprover = Annotated[str, _user_id("slack", wildcard=False)]
+
+
 class TelegramGroups(Section):
     require_mention: bool = True
 
@@ -80,8 +122,9 @@ class TelegramConfig(Section):
     enabled: bool = False
     token: str | None = None
     base_url: str = "https://api.telegram.org/bot"
-    allowed_users: list[int] = Field(default_factory=list)
-    approvers: list[int] = Field(default_factory=list)
+    allowed_users: list[TelegramUser] = Field(default_factory=list)
+    """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.access`)."""
+    approvers: list[TelegramApprover] = Field(default_factory=list)
     groups: TelegramGroups = Field(default_factory=TelegramGroups)
 
 
@@ -98,8 +141,9 @@ class SlackConfig(Section):
     app_token: str | None = None
     signing_secret: str | None = None
     base_url: str = "https://slack.com/api/"
-    allowed_users: list[str] = Field(default_factory=list)
-    approvers: list[str] = Field(default_factory=list)
+    allowed_users: list[SlackUser] = Field(default_factory=list)
+    """User ids, or "*" for every member of the bot's workspace; empty means nobody."""
+    approvers: list[SlackApprover] = Field(default_factory=list)
     http: SlackHTTP = Field(default_factory=SlackHTTP)
 
 
@@ -124,6 +168,7 @@ class Config(Section):
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     workspace: WorkspaceConfig = Field(default_factory=WorkspaceConfig)
     limits: Limits = Field(default_factory=Limits)
+    context: ContextConfig = Field(default_factory=ContextConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)

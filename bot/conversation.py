@@ -11,10 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.breakers import Ledger
+from bot.compaction import safe_cut
 from bot.context import sanitize, trim
 from bot.history import Msg
-from bot.loop import TurnState
 from bot.store import ConvRow
+from bot.turn import TurnState
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,8 +35,12 @@ class Conversation:
     calibration: float = 1.0
     """Provider tokens per estimated token, learned from real usage."""
     call_ids: set[str] = field(default_factory=set)
-    notices: list[str] = field(default_factory=list)
-    """Things to tell the user the next time they hear from Tandem (after a restart)."""
+    ledger: Ledger = field(default_factory=Ledger)
+    """Recent tool failures of this session (the circuit breakers' memory)."""
+    summary: str | None = None
+    """The model's summary of the turns trimmed away (with `context.summary`)."""
+    summary_through: int = 0
+    """Id of the last message the summary covers."""
     _prefix: _Prefix = field(default_factory=lambda: _Prefix())
     """Sanitized wire messages of the finished turns in view (extended, never redone)."""
 
@@ -53,11 +59,32 @@ class Conversation:
         self.kept += msg.tokens
         self.call_ids.update(c.id for c in msg.tool_calls)
 
-    def trim_to(self, budget: int) -> None:
-        """Drop whole turns, oldest first, never the current one."""
-        scaled = int(budget / self.calibration)
-        self.cut, self.kept = trim(self.history, self.starts, self.cut, self.kept, scaled)
+    def trim_to(self, budget: int) -> bool:
+        """Drop whole turns, oldest first, never the current one, until the estimated
+        tokens of what is kept fit `budget`. True if anything was dropped."""
+        before = self.cut
+        self.cut, self.kept = trim(self.history, self.starts, self.cut, self.kept, budget)
+        if self.cut != before and self.starts:  # no kept result may lose its call
+            safe = min(safe_cut(self.history, self.starts, self.cut), self.starts[-1])
+            if safe > self.cut:
+                self.kept -= sum(m.tokens for m in self.history[self.cut:safe])
+                self.cut = safe
         self._prefix.drop_before(self.cut)
+        return self.cut != before
+
+    def skip_summarized(self) -> None:
+        """Move the cut past the turns the stored summary already covers."""
+        start = self.cut
+        for i in self.starts:
+            if i >= len(self.history) or (self.history[i].id or 0) > self.summary_through:
+                start = max(start, i)
+                break
+        else:
+            start = self.starts[-1] if self.starts else 0
+        if start > self.cut:
+            self.kept -= sum(m.tokens for m in self.history[self.cut:start])
+            self.cut = start
+            self._prefix.drop_before(start)
 
     @property
     def dropped_turns(self) -> int:

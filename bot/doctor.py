@@ -36,9 +36,9 @@ def _persona(config: Config) -> list[tuple[str, str, str]]:
 
 async def _database(config: Config) -> list[tuple[str, str, str]]:
     from bot.errors import StoreError
-    from bot.store.sqlite import SQLiteStore
+    from bot.store import open_store
 
-    store = SQLiteStore(config.store.path)
+    store = open_store(config.store.path)
     try:
         await store.open()
         check = await store.integrity_check()

@@ -4,12 +4,14 @@ TandemError
 ├── ConfigError            bad config or missing secret (the CLI prints one line, exits 2)
 ├── ContextOverflowError   the system prompt alone does not fit the context window
 ├── ModelError             the model could not be reached or refused the request
-│   └── ModelRateLimited   still rate limited after retries
+│   ├── ModelRateLimited   still rate limited after retries
+│   └── ModelStreamCut     the model's answer stopped mid-way (after retries)
 ├── ToolError              a tool refused or failed (its text goes to the model, not the user)
 │   └── PathRefused        a path outside the workspace or a protected file
 └── StoreError             the database is unusable
 
-Users only ever see the fixed texts in `USER_MESSAGES`; details go to the logs.
+Users only ever see the fixed texts in `USER_MESSAGES` (a `{cause}` in one is filled from
+the exception's fixed `cause`); details go to the logs.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ class ModelRateLimited(ModelError):
     pass
 
 
+class ModelStreamCut(ModelError):
+    """The model answered, but its stream stopped before the end (connection lost, timed
+    out...). `cause` is one of a few fixed, short phrases: users see it."""
+
+    def __init__(self, message: str, cause: str = "the connection was lost") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class ToolError(TandemError):
     pass
 
@@ -54,6 +65,7 @@ USER_MESSAGES: dict[type[TandemError], str] = {
     ContextOverflowError: "The system prompt is larger than the model's context window; "
     "an admin needs to shorten the persona files or raise llm.context_window.",
     ModelRateLimited: "The model is rate limited right now. Please try again in a minute.",
+    ModelStreamCut: "The model's answer was cut off mid-way ({cause}); please try again.",
     ModelError: "The model could not be reached. Please try again in a moment.",
     StoreError: "Tandem's database is unavailable. Please try again shortly.",
 }
@@ -63,5 +75,6 @@ def user_message(exc: BaseException) -> str:
     """The fixed, friendly text a user sees for an error (never the exception text)."""
     for cls in type(exc).__mro__:
         if cls in USER_MESSAGES:
-            return USER_MESSAGES[cls]  # type: ignore[index]
+            text = USER_MESSAGES[cls]  # type: ignore[index]
+            return text.replace("{cause}", str(getattr(exc, "cause", "")))
     return "Something went wrong on Tandem's side. The details are in the logs."

@@ -27,6 +27,8 @@ class ConvKey:
 class User:
     id: str
     name: str = ""
+    team: str | None = None
+    """The workspace (Slack team) the user belongs to, where the platform has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class Cancel:
     conv: ConvKey
     user: User
     ref: str | None = None
+    turn: int | None = None
+    """The turn the pressed button belongs to; None (`/stop`) means whatever runs now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,6 @@ Inbound = UserMessage | Decision | Cancel | Trigger | Command
 class Phase(StrEnum):
     THINKING = "thinking"
     TOOL = "running"
-    APPROVAL = "waiting for approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,17 @@ class TurnEnded:
     turn: int
     text: str
     reason: str
-    suspended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """The turn waits for a human to decide these approvals; it is not over."""
+
+    conv: ConvKey
+    turn: int
+    approval_ids: tuple[str, ...]
+    text: str = ""
+    """What the model said before it asked (may be empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,8 @@ class ApprovalRequested:
     """The exact call, rendered for a human (a command, a path and content...)."""
     requester: User
     expires_in_s: int
+    reminder: bool = False
+    """Shown again after a restart: platforms whose card stays on screen skip it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,4 +193,5 @@ class Queued:
     ref: str | None
 
 
-Event = TurnStarted | Progress | TurnEnded | ApprovalRequested | ApprovalResolved | Notice | Queued
+Event = (TurnStarted | Progress | TurnEnded | Suspended | ApprovalRequested | ApprovalResolved
+         | Notice | Queued)

@@ -1,24 +1,32 @@
-"""The model, through litellm: the only module that imports it, and lazily.
+"""The model, through litellm: the only module that imports it, and never on the event loop.
 
-`LiteLLMClient.stream()` yields a `Delta` for every streamed chunk (so the runner can
-check for cancel every N chunks), `Restart` when a retry begins after partial output,
-and one final `Completion` with the assembled text, tool calls and usage.
+litellm takes seconds to import, so it is imported once per process in a worker thread:
+`preload()` starts that at start-up and `await load()` waits for it (or starts it) without
+blocking the loop. `LiteLLMClient.stream()` yields a `Delta` for every streamed chunk (so
+the runner can check for cancel every N chunks), `Restart` when a retry begins after partial
+output, and one final `Completion` with the assembled text, tool calls and usage.
+`LiteLLMClient.window()` is the context window in tokens; `close()` releases litellm's HTTP
+clients while the event loop still runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import gc
+import importlib
 import logging
 import os
 import random
+import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bot.config import LLMConfig
-from bot.errors import ModelError, ModelRateLimited
+from bot.errors import ModelError, ModelRateLimited, ModelStreamCut
 from bot.history import ToolCall
 
 log = logging.getLogger(__name__)
@@ -55,45 +63,220 @@ class ContextExceeded(ModelError):
 class ModelClient(Protocol):
     model: str
 
+    async def window(self) -> int:
+        """The model's context window in tokens (may wait for litellm; never blocks)."""
+        ...
+
     def stream(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
     ) -> AsyncIterator[StreamItem]: ...
 
 
-def _import_litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+# -- loading litellm: once, off the event loop -----------------------------------------
 
-    litellm.suppress_debug_info = True
-    litellm.telemetry = False
+# Modules litellm 1.110 imports on the first completion, not at import: imported by the
+# loader thread instead, they no longer hold the event loop's thread on the first turn.
+_FIRST_CALL_MODULES = (
+    "anyio._backends._asyncio", "anyio.streams.tls",
+    "litellm._service_logger", "litellm.integrations.prometheus_services",
+    "litellm.integrations.generic_api.generic_api_callback",
+    "litellm.litellm_core_utils.logging_callback_manager",
+    "litellm.litellm_core_utils.duration_parser",
+    "litellm.llms.github_copilot.authenticator", "litellm.llms.github_copilot.github_host",
+    "litellm.llms.github_copilot.per_user_auth",
+    "litellm.llms.litellm_proxy.chat.transformation",
+    "litellm.llms.openai.chat.gpt_audio_transformation",
+    "litellm.llms.openai_like.dynamic_config",
+    "litellm.llms.bedrock.chat.invoke_transformations.amazon_ai21_transformation",
+    "litellm.proxy._types", "litellm.proxy.openai_files_endpoints.common_utils",
+    "litellm.proxy.types_utils.utils", "litellm.proxy.mcp_server.stdio_gate",
+    "litellm.proxy.spend_tracking.savings",
+    "litellm.types.litellm_core_utils.streaming_chunk_builder_utils",
+)
+
+_lock = threading.Lock()
+_loaded: concurrent.futures.Future[Any] | None = None
+"""The one import of litellm: running, done, or failed (then the next caller retries)."""
+
+
+def _import_litellm() -> Any:
+    """The import itself, then what Tandem sets on litellm. Blocking: seconds, cold."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    cold = "litellm" not in sys.modules
+    collecting = gc.isenabled()
+    if cold and collecting:
+        # The import builds ~400k objects, and the collector would walk the growing heap
+        # over and over (7 full collections, ~1.3 s, each a pause of up to 0.3 s for the
+        # event loop's thread too). What it leaves behind is all alive (~2k objects are
+        # garbage): freezing it, instead of one last full collection, costs nothing.
+        gc.disable()
+    try:
+        import litellm
+
+        litellm.suppress_debug_info = True
+        litellm.telemetry = False
+        # litellm counts the prompt's tokens with tiktoken to price a stream before its
+        # usage arrives: the first turn would load cl100k (~40 MB, 0.3-0.6 s on the loop)
+        # and every turn would tokenize the whole prompt on the loop. Tandem uses the
+        # provider's usage; without it, usage is unknown (not litellm's estimate).
+        litellm.disable_token_counter = True
+        # litellm.utils keeps the parsed Anthropic tokenizer (~13 MB of objects) beside the
+        # JSON string its tokenizer is built from; nothing reads the parsed copy.
+        utils = sys.modules.get("litellm.utils")
+        if isinstance(getattr(utils, "json_data", None), dict):
+            utils.json_data = None  # type: ignore[union-attr]
+        if cold:
+            for name in _FIRST_CALL_MODULES:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # another litellm version: the first call imports it
+                    log.debug("could not preload %s", name, exc_info=True)
+    finally:
+        if cold and collecting:
+            gc.freeze()
+            gc.enable()
     return litellm
 
 
+def _claim() -> tuple[concurrent.futures.Future[Any], bool]:
+    """The import's future, and whether the caller is the one to run it."""
+    global _loaded
+    with _lock:
+        future = _loaded
+        if future is not None and not (future.done() and future.exception() is not None):
+            return future, False
+        future = _loaded = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # no waiter can cancel it from now on
+        return future, True
+
+
+def _fulfil(future: concurrent.futures.Future[Any]) -> Any:
+    try:
+        litellm = _import_litellm()
+    except BaseException as exc:
+        future.set_exception(exc)
+        raise
+    future.set_result(litellm)
+    return litellm
+
+
+def _import_once() -> Any:
+    """litellm, imported by the first thread to ask; the others wait for that import.
+
+    Blocking: call it from a worker thread (`load`) or the preload thread, never the loop.
+    """
+    future, mine = _claim()
+    return _fulfil(future) if mine else future.result()
+
+
+async def load() -> Any:
+    """The litellm module, imported in a worker thread; waits for `preload`'s import if
+    one is under way. The event loop keeps running meanwhile."""
+    future = _loaded
+    if future is not None and future.done() and future.exception() is None:
+        return future.result()
+    if future is not None and not future.done():
+        return await asyncio.wrap_future(future)
+    return await asyncio.to_thread(_import_once)
+
+
+def loaded() -> bool:
+    """litellm is imported (what needs it will not wait)."""
+    future = _loaded
+    return future is not None and future.done() and future.exception() is None
+
+
 def warm() -> None:
-    """Import litellm, then freeze the heap built so far (`gc.freeze`).
+    """Import litellm here (blocking), then freeze the heap built so far (`gc.freeze`).
 
     Everything loaded at start lives as long as the process; frozen, the garbage
     collector no longer walks it, and its full collections shrink from pauses of up to
     80 ms (which every chat would feel) to a few milliseconds.
     """
-    _import_litellm()
-    gc.collect()
+    _import_once()
     gc.freeze()
 
 
 def preload() -> None:
-    """`warm` in a background thread, so the first turn does not pay for the import."""
-    threading.Thread(target=warm, name="tandem-preload", daemon=True).start()
+    """Start importing litellm in a background thread (at once, if nothing has yet), so
+    the first turn does not wait for the whole import; `load()` waits for the rest."""
+    future, mine = _claim()
+    if mine:
+        threading.Thread(target=_preload, args=(future,), name="tandem-preload",
+                         daemon=True).start()
 
 
-def context_window(config: LLMConfig) -> int:
-    if config.context_window:
-        return config.context_window
+def _preload(future: concurrent.futures.Future[Any]) -> None:
     try:
-        info = _import_litellm().get_model_info(config.model)
+        _fulfil(future)  # a cold import ends with the heap frozen, as `warm` does
+    except Exception:  # the first model call retries the import and reports it
+        log.warning("could not load litellm in the background", exc_info=True)
+
+
+async def close() -> None:
+    """Stop calls abandoned by a cancel, then close litellm's cached HTTP clients (else
+    they are closed at exit on another loop, warning of unclosed transports)."""
+    loop = asyncio.get_running_loop()
+    pending = [task for task in _orphans if task.get_loop() is loop]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    if not loaded():
+        return
+    litellm = await load()
+    with contextlib.suppress(Exception):
+        await litellm.close_litellm_async_clients()
+
+
+def _model_window(litellm: Any, model: str) -> int:
+    try:
+        info = litellm.get_model_info(model)
         return int(info.get("max_input_tokens") or DEFAULT_CONTEXT_WINDOW)
     except Exception:  # unknown model: litellm raises a plain Exception
         return DEFAULT_CONTEXT_WINDOW
+
+
+# -- one call ---------------------------------------------------------------------------
+
+_orphans: set[asyncio.Future[Any]] = set()
+"""Calls whose caller was cancelled before they returned a stream (see `_open`)."""
+
+
+async def _open(litellm: Any, kwargs: dict[str, Any]) -> Any:
+    """`litellm.acompletion`, never cancelled half-way.
+
+    acompletion builds the request in a thread, which returns a coroutine for the loop
+    to await; cancelled in between, that coroutine is dropped unawaited ("coroutine
+    'OpenAIChatCompletion.async_streaming' was never awaited"). So a cancel leaves the
+    call running on its own; its stream is closed as soon as it opens (`close()` stops
+    whatever is still waiting at shutdown).
+    """
+    call = asyncio.ensure_future(litellm.acompletion(**kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        _orphans.add(call)
+        call.add_done_callback(_discard)
+        raise
+
+
+def _discard(call: asyncio.Future[Any]) -> None:
+    _orphans.discard(call)
+    if call.cancelled() or call.exception() is not None:
+        return
+    closing = asyncio.ensure_future(_close_stream(call.result()))
+    _orphans.add(closing)
+    closing.add_done_callback(_orphans.discard)
+
+
+async def _close_stream(response: Any) -> None:
+    aclose = getattr(response, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # closing a broken stream: nothing left to do
+        log.debug("closing the model's stream failed", exc_info=True)
 
 
 @dataclass(slots=True)
@@ -104,12 +287,18 @@ class _Assembler:
     calls: dict[int, list[str]] = field(default_factory=dict)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    chunks: int = 0
 
     def feed(self, chunk: Any) -> str:
+        self.chunks += 1
         usage = getattr(chunk, "usage", None)
-        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
-            self.prompt_tokens = usage.prompt_tokens
-            self.completion_tokens = usage.completion_tokens
+        prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
+        completion = getattr(usage, "completion_tokens", None) if usage is not None else None
+        # 0 and 0 is what litellm reports when the provider sent no usage (it does not
+        # count tokens itself: `disable_token_counter`): unknown, not free.
+        if prompt is not None and (prompt or completion):
+            self.prompt_tokens = prompt
+            self.completion_tokens = completion
         if not chunk.choices:
             return ""
         delta = chunk.choices[0].delta
@@ -146,10 +335,58 @@ def _retry_after(exc: BaseException) -> float | None:
         return None
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception, its causes and what litellm wrapped (`original_exception`)."""
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(out) < 20:
+        item = todo.pop()
+        if item is None or any(item is seen for seen in out):
+            continue
+        out.append(item)
+        original = getattr(item, "original_exception", None)
+        todo += [item.__cause__, item.__context__,
+                 original if isinstance(original, BaseException) else None]
+    return out
+
+
+def _cut_cause(exc: BaseException) -> str:
+    """A short, fixed description of why a stream stopped (shown to the user)."""
+    names = [type(e).__name__ for e in _chain(exc)]
+    if any("Timeout" in n or "TimedOut" in n for n in names):
+        return "it timed out"
+    if any(isinstance(e, ConnectionError | EOFError) for e in _chain(exc)) or any(
+            word in n for n in names for word in ("Connection", "ReadError", "RemoteProtocol",
+                                                  "Payload", "Disconnected")):
+        return "the connection was lost"
+    return "the provider stopped sending"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+@dataclass(slots=True)
+class _Failure:
+    exc: BaseException
+    cut: bool
+    """The stream had started (at least one chunk arrived) when it failed."""
+
+
 class LiteLLMClient:
     def __init__(self, config: LLMConfig) -> None:
         self.config = config
         self.model = config.model
+        self._window = config.context_window or 0
+
+    async def window(self) -> int:
+        """`llm.context_window`, else what litellm knows of the model (looked up once, in
+        a worker thread), else 32,000."""
+        if not self._window:
+            litellm = await load()
+            self._window = await asyncio.to_thread(_model_window, litellm, self.model)
+        return self._window
 
     def _targets(self) -> list[dict[str, Any]]:
         primary = {"model": self.config.model, "api_base": self.config.api_base,
@@ -165,44 +402,50 @@ class LiteLLMClient:
     async def stream(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
     ) -> AsyncIterator[StreamItem]:
-        litellm = _import_litellm()
+        litellm = await load()
         transient = (litellm.RateLimitError, litellm.InternalServerError,
                      litellm.ServiceUnavailableError, litellm.APIConnectionError,
                      litellm.Timeout, litellm.BadGatewayError)
-        last: BaseException | None = None
+        last: _Failure | None = None
         started = False
         for target in self._targets():
             for attempt in range(self.config.retries + 1):
                 if started:
                     yield Restart()
                     started = False
+                acc = _Assembler()
                 try:
-                    async for item in self._once(litellm, target, messages, tools):
-                        started = started or isinstance(item, Delta) and bool(item.text)
-                        yield item
+                    async with contextlib.aclosing(
+                            self._once(litellm, target, messages, tools, acc)) as items:
+                        async for item in items:
+                            started = started or isinstance(item, Delta) and bool(item.text)
+                            yield item
                     return
                 except litellm.ContextWindowExceededError as exc:
                     raise ContextExceeded(str(exc)) from exc
-                except transient as exc:
-                    last = exc
-                    log.warning("model %s attempt %d failed: %s", target["model"],
-                                attempt + 1, type(exc).__name__)
+                except (*transient, litellm.APIError) as exc:
+                    last = _Failure(exc, acc.chunks > 0)  # cut off: the stream had begun
+                    if not last.cut and not isinstance(exc, transient):
+                        log.warning("model %s refused the request: %s", target["model"],
+                                    _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+                        break
+                    log.info("model %s attempt %d %s: %s", target["model"], attempt + 1,
+                             "was cut off" if last.cut else "failed", _one_line(exc))
                     if attempt < self.config.retries:
                         wait = _retry_after(exc) or min(8.0, 0.5 * 2**attempt)
                         await asyncio.sleep(wait * (0.8 + 0.4 * random.random()))
-                except litellm.APIError as exc:
-                    last = exc
-                    log.warning("model %s refused the request: %s", target["model"],
-                                type(exc).__name__, exc_info=True)
-                    break
-        if last is not None and isinstance(last, litellm.RateLimitError):
-            raise ModelRateLimited("rate limited after retries") from last
-        raise ModelError(f"model unavailable: {type(last).__name__}") from last
+        failed = last.exc if last is not None else None
+        if last is not None and last.cut:
+            raise ModelStreamCut(f"the stream was cut off: {_one_line(last.exc)}",
+                                 _cut_cause(last.exc)) from failed
+        if isinstance(failed, litellm.RateLimitError):
+            raise ModelRateLimited("rate limited after retries") from failed
+        raise ModelError(f"model unavailable: {type(failed).__name__}") from failed
 
     async def _once(
-        self, litellm: Any, target: dict[str, Any],
-        messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
-    ) -> AsyncIterator[StreamItem]:
+        self, litellm: Any, target: dict[str, Any], messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]], acc: _Assembler,
+    ) -> AsyncGenerator[StreamItem, None]:
         kwargs: dict[str, Any] = {
             "model": target["model"], "messages": list(messages), "stream": True,
             "stream_options": {"include_usage": True}, "timeout": self.config.timeout_s,
@@ -216,10 +459,12 @@ class LiteLLMClient:
             kwargs["api_key"] = target["api_key"]
         if self.config.temperature is not None:
             kwargs["temperature"] = self.config.temperature
-        response = await litellm.acompletion(**kwargs)
-        acc = _Assembler()
-        async for chunk in response:
-            yield Delta(acc.feed(chunk))
+        response = await _open(litellm, kwargs)
+        try:
+            async for chunk in response:
+                yield Delta(acc.feed(chunk))
+        finally:  # done, failed, cancelled or abandoned: the connection goes back
+            await _close_stream(response)
         yield Completion(
             "".join(acc.text), acc.tool_calls(), acc.prompt_tokens, acc.completion_tokens,
             self._cost(litellm, target["model"], acc), target["model"],

@@ -1,4 +1,4 @@
-"""Logging with secrets redacted from every record."""
+"""Logging with secrets redacted from every record; expected failures on one line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import logging
 import re
 import sys
 from collections.abc import Iterable
+
+from bot.errors import ModelError
 
 _TOKEN_PATTERNS = re.compile(
     r"(xox[abprs]-[A-Za-z0-9-]{8,}|xapp-[A-Za-z0-9-]{8,}|sk-[A-Za-z0-9_-]{12,}"
@@ -34,9 +36,32 @@ class Redactor(logging.Filter):
         return True
 
 
-def setup(level: int, secrets: Iterable[str]) -> None:
+class OneLine(logging.Filter):
+    """A record about an expected failure (the model unreachable, cut off, rate limited:
+    `ModelError`) keeps one line: the exception's type and first line replace its
+    traceback, which `-v` (DEBUG) shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, ModelError):
+            return True
+        message = record.getMessage()
+        lines = str(exc).strip().splitlines()
+        summary = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        if (lines[0] if lines else type(exc).__name__) not in message:
+            message = f"{message} ({summary})"
+        record.msg, record.args = message, None
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def setup(level: int, secrets: Iterable[str], *, tracebacks: bool | None = None) -> None:
+    """Log to stderr at `level`. Tracebacks of expected failures only when `tracebacks`
+    (default: at DEBUG, i.e. `tandem -v`)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not (level <= logging.DEBUG if tracebacks is None else tracebacks):
+        handler.addFilter(OneLine())
     handler.addFilter(Redactor(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -7,13 +7,16 @@ import contextlib
 import importlib
 import logging
 import signal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bot import logs
-from bot.app import Dispatch, build
+from bot import llm, logs
 from bot.config import Config
 from bot.errors import StoreError, TandemError
-from bot.hub import Hub
+from bot.store import Store
+
+if TYPE_CHECKING:  # imported by `_serve`, once litellm has begun loading
+    from bot.app import Dispatch
+    from bot.hub import Hub
 
 log = logging.getLogger("tandem")
 
@@ -26,6 +29,10 @@ class Platform(Protocol):
 def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
     logs.setup(level, config.secrets())
+    # First of all: litellm takes seconds to import. Loading in a thread while the core and
+    # the platforms start, it is ready sooner for the first message (turns that come
+    # earlier wait for it without blocking anything else).
+    llm.preload()
     try:
         return asyncio.run(_serve(config, chat))
     except StoreError:
@@ -33,7 +40,7 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
 
 
 async def _serve(config: Config, chat: bool) -> int:
-    from bot import llm
+    from bot.app import build
 
     hub, dispatch = build(config)
     await hub.d.store.open()
@@ -48,12 +55,10 @@ async def _serve(config: Config, chat: bool) -> int:
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
             await hub.scheduler.start()
-            llm.preload()
             await console.run()
         else:
             await hub.recover()
             await hub.scheduler.start()
-            llm.preload()  # ready first; the model library loads while nobody waits
             await _wait_for_signal()
         return 0
     except TandemError as exc:
@@ -67,6 +72,7 @@ async def _serve(config: Config, chat: bool) -> int:
         if hub.scheduler is not None:
             hub.scheduler.shutdown()
         await hub.d.store.close()
+        await llm.close()  # litellm's HTTP clients, while this loop still runs
 
 
 class PlatformModule(Protocol):
@@ -80,14 +86,14 @@ def load_platform(name: str) -> PlatformModule:
     return module
 
 
-async def _kill_orphans(store: object) -> None:
+async def _kill_orphans(store: Store) -> None:
     """Tool processes a killed Tandem left behind die now."""
     from bot.tools.shell import kill_group
 
-    pids = await store.tracked_processes()  # type: ignore[attr-defined]
+    pids = await store.tracked_processes()
     for pid in pids:
         kill_group(pid)
-    await store.forget_processes()  # type: ignore[attr-defined]
+    await store.forget_processes()
 
 
 async def _wait_for_signal() -> None:

@@ -1,86 +1,97 @@
-"""After a stop: load a conversation and repair it, and replay what was received.
+"""After a stop: load and repair conversations, show pending approvals, replay inbound.
 
-A turn that was running when Tandem stopped has its unfinished calls finished as
-`interrupted` (with a result message), and the user is told. Inbound messages and
-triggers are recorded before they are processed; one that never reached its turn is
-rebuilt from its record and processed at the next start.
+A conversation is loaded from the store with its history, its breaker ledger and
+its summary. If its last turn never ended, the `restart` transition decides what
+becomes of it: a turn waiting for a human stays suspended, a call that was handed to
+its tool is interrupted, and the chat is told in words. Inbound messages and
+scheduled runs are recorded before they are processed; one that never reached its
+turn is rebuilt from its record and processed at the next start.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from bot import turn as t
+from bot.approvals import Approvals
+from bot.breakers import Ledger
 from bot.conversation import Conversation
-from bot.events import ConvKey, Inbound, Trigger, User, UserMessage
-from bot.history import CallState, Outcome
-from bot.loop import CallRecord, TurnState
+from bot.conversations import Conversations
+from bot.events import ApprovalRequested, ConvKey, Event, Inbound, User
+from bot.history import CallState
+from bot.intake import replay
 from bot.runner import Runner
-from bot.store.sqlite import SQLiteStore
+from bot.store import CallRow, Store
 
 log = logging.getLogger(__name__)
+LEDGER_REPLAY = 200
+"""Finished calls read back to rebuild the breaker ledger of a session."""
 
 
-async def load_conversation(store: SQLiteStore, runner: Runner, key: ConvKey,
-                            max_steps: int) -> Conversation:
-    """Load and repair: calls a crash left unfinished become FINISHED(interrupted)."""
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A turn a restart found ready to go on (its human had already decided)."""
+
+    conv: ConvKey
+
+
+async def recover(store: Store, convs: Conversations, approvals: Approvals,
+                  emit: Callable[[Event], Awaitable[None]],
+                  put: Callable[[ConvKey, Inbound | Resume], None], early: set[str]) -> None:
+    """Repair each unfinished turn once; show pending cards again (a terminal has no card
+    that stays on screen) and re-arm their timers; replay inbound never handled (`early`
+    holds refs this process accepted already)."""
+    for open_turn in await store.open_turns():
+        row = await store.conversation_by_id(open_turn.conv_id)
+        if row is None or row.session != open_turn.session:
+            continue
+        conv = await convs.get(row.key)
+        if conv.turn is not None and not conv.turn.waiting:
+            put(row.key, Resume(row.key))
+    for approval in await store.pending_approvals():
+        row = await store.conversation_by_id(approval.conv_id)
+        if row is not None:
+            approvals.arm(row.key, approval)
+            await emit(ApprovalRequested(row.key, approval.id, approval.tool, approval.summary,
+                                         User(approval.requester), approval.remaining_s(),
+                                         reminder=True))
+    for ref, kind, payload in await store.unprocessed_inbound():
+        item = replay(kind, payload, ref)
+        if item is not None and ref not in early:
+            put(item.conv, item)
+
+
+async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conversation:
     row = await store.conversation(key)
     conv = Conversation.load(row, await store.history(row.id, row.session))
+    limits = runner.limits
+    finished = await store.finished_calls(row.id, row.session, LEDGER_REPLAY)
+    conv.ledger = Ledger.replay(limits.ledger_size, [
+        (c.call.name, c.call.arguments, c.outcome) for c in finished if c.outcome])
+    summary = await store.summary(row.id, row.session)
+    if summary is not None:
+        conv.summary_through, conv.summary = summary
+        conv.skip_summarized()
     last = await store.last_turn(row.id, row.session)
-    if last is None or last.status == "done":
-        conv.trim_to(runner.budget())
-        return conv
-    records = [CallRecord(call=c.call, state=c.state, outcome=c.outcome)
-               for c in await store.turn_calls(row.id, last.turn)]
-    state = TurnState(turn=last.turn, steps=last.steps, max_steps=max_steps,
-                      calls=records, unattended=last.unattended, requester=last.requester)
-    conv.turn = state
-    interrupted = []
-    for record in records:
-        if record.state in (CallState.FINISHED, CallState.ASKING):
-            continue
-        await runner.finish(conv, state, record, Outcome.INTERRUPTED,
-                                 "interrupted: Tandem stopped while this call was pending "
-                                 "or running; it may or may not have completed")
-        interrupted.append(record.call.name)
-    if last.status == "running":
-        asking = any(r.state is CallState.ASKING for r in records)
-        await store.end_turn(row.id, last.turn, "suspended" if asking else "done",
-                             None if asking else "interrupted")
-        if not asking:
-            conv.turn = None
-        what = f" (`{'`, `'.join(interrupted)}` was interrupted)" if interrupted else ""
-        conv.notices.append(f"An earlier answer here was interrupted{what}. "
-                            "Send your message again if you still need the answer.")
-    conv.trim_to(runner.budget())
+    if last is not None and last.status != "done":
+        calls = await store.turn_calls(row.id, row.session, last.turn)
+        state = t.TurnState(
+            turn=last.turn, steps=last.steps, max_steps=runner.d.config.limits.max_steps,
+            calls=tuple([t.CallRecord(call=c.call, state=c.state, outcome=c.outcome,
+                                      approval_id=await _approval_id(store, conv, c))
+                         for c in calls]),
+            unattended=last.unattended, requester=last.requester, ledger=conv.ledger)
+        conv.turn = state
+        log.info("repairing turn %d of %s (%s)", last.turn, key, last.status)
+        await runner.apply(conv, t.restart(state, limits, was_running=last.status == "running"))
+    conv.trim_to(runner.d.prompt.history_budget(conv, await runner.window()))
     return conv
 
 
-def encode_inbound(item: Inbound) -> tuple[str, str]:
-    match item:
-        case UserMessage():
-            return "message", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
-                                          "text": item.text, "context": item.context})
-        case Trigger():
-            return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
-                                          "prompt": item.prompt, "late": item.late,
-                                          "requester": item.requester})
-        case _:
-            return type(item).__name__.lower(), "{}"
-
-
-def replay(kind: str, payload: str, ref: str) -> Inbound | None:
-    """Rebuild an inbound recorded before a crash (only messages and triggers replay)."""
-    try:
-        data = json.loads(payload)
-        conv = ConvKey(**data["conv"])
-        if kind == "message":
-            return UserMessage(conv, User(**data["user"]), data["text"], ref=ref,
-                               context=data.get("context"))
-        if kind == "trigger":
-            return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
-                           requester=data.get("requester", ""))
-    except (ValueError, KeyError, TypeError):
-        log.warning("could not replay inbound %s", ref)
-    return None
+async def _approval_id(store: Store, conv: Conversation, call: CallRow) -> str | None:
+    if call.state is not CallState.ASKING:
+        return None
+    approval = await store.approval_for_call(conv.row.id, conv.row.session, call.call.id)
+    return approval.id if approval is not None and approval.status == "pending" else None

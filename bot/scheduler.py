@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -19,23 +20,24 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.errors import ToolError
-from bot.events import Trigger
-from bot.recovery import encode_inbound
+from bot.events import Inbound, Trigger
+from bot.intake import encode_inbound
 from bot.schedule_spec import parse, previous_fire
-from bot.store import ConvRow, JobRow
-from bot.store.sqlite import short_id
-
-if TYPE_CHECKING:
-    from bot.hub import Hub
+from bot.store import ConvRow, JobRow, Store, new_id
 
 log = logging.getLogger(__name__)
 MAX_JOBS_PER_CONVERSATION = 50
 
 
+def _undelivered(item: Inbound) -> None:
+    log.error("a scheduled run fired before the core was attached: %s", item)
+
+
 class Scheduler:
-    def __init__(self, hub: Hub, timezone: str, misfire_grace_s: int) -> None:
-        self.hub = hub
-        self.store = hub.d.store
+    def __init__(self, store: Store, timezone: str, misfire_grace_s: int) -> None:
+        self.store = store
+        self.deliver: Callable[[Inbound], None] = _undelivered
+        """Hands a claimed run to the core (the hub sets it)."""
         self.tz = ZoneInfo(timezone)
         self.grace = misfire_grace_s
         self._aps: AsyncIOScheduler | None = None
@@ -107,7 +109,7 @@ class Scheduler:
         if job.kind == "date":
             self.active.get(job.conv_id, set()).discard(job_id)
         log.info("job %s fires for slot %.0f%s", job_id, slot, " (late)" if late else "")
-        self.hub.deliver(trigger)
+        self.deliver(trigger)
         return True
 
     # -- what the tools and /jobs use -------------------------------------------------
@@ -122,7 +124,7 @@ class Scheduler:
         anchor = now
         if spec.kind == "date":
             anchor = spec.trigger.run_date.timestamp()
-        job = JobRow(short_id(), conv.id, conv.key, spec.text, spec.kind, prompt.strip(),
+        job = JobRow(new_id(), conv.id, conv.key, spec.text, spec.kind, prompt.strip(),
                      created_by, None if spec.kind == "date" else now, True, anchor)
         await self.store.add_job(job)
         self._register(job, self.trigger(job))
@@ -144,3 +146,7 @@ class Scheduler:
         if self._aps is not None and self._aps.get_job(job_id) is not None:
             self._aps.remove_job(job_id)
         return f"Cancelled the task {job_id} ({job.spec}: {job.prompt})."
+
+    def count(self, conv_id: int) -> int:
+        """Active tasks of a conversation (for the per-request state note)."""
+        return len(self.active.get(conv_id, ()))

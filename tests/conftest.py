@@ -24,6 +24,15 @@ REPO = Path(__file__).resolve().parent.parent
 PERSONA = REPO / "persona"
 
 
+STATE_NOTE = "[Current state"
+
+
+def said(messages: list[dict[str, Any]]) -> list[str]:
+    """The user messages of a model request, without Tandem's per-request state note."""
+    return [str(m.get("content")) for m in messages
+            if m.get("role") == "user" and not str(m.get("content")).startswith(STATE_NOTE)]
+
+
 class Recorder:
     """A sink that keeps every event and lets a test wait for one."""
 

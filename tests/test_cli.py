@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import PERSONA
+from tests.conftest import PERSONA, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ async def test_scripted_chat_runs_shell_after_y_and_answers_after_n(
     assert "Fine, I left it." in out
     assert "Model: openai/fake" in out and "Context:" in out
     assert (tmp_path / "ws" / "out.txt").read_text() == "hello\n"
-    assert model.last_messages()[-1]["content"].startswith("denied")
+    assert model.last_messages()[-2]["content"].startswith("denied")  # before the note
 
 
 def _alive(pattern: str) -> bool:
@@ -184,8 +184,7 @@ async def test_kill_9_during_a_scheduled_turn_does_not_run_that_slot_again(
     assert code == 0, err
     assert "Hello again." in out
     runs = [r for r in model.requests
-            if "[Scheduled task" in [m for m in r["messages"] if m["role"] == "user"][-1]
-            ["content"]]
+            if "[Scheduled task" in said(r["messages"])[-1]]
     assert len(runs) == 1
 
 

@@ -1,11 +1,17 @@
 """The store: one narrow async interface; no SQL outside its implementations.
 
 SQLite (`bot.store.sqlite`) is the embedded default; a PostgreSQL implementation
-would implement the same `Store` protocol.
+would implement the same `Store` protocol. Callers build one with `open_store` and
+see only `Store`.
+
+Calls and turns are addressed by (conversation, session, ...): a new session starts
+its turn numbers again at 1, and providers reuse call ids such as `call_0`.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,6 +21,11 @@ from bot.history import CallState, Msg, Outcome, ToolCall
 
 Usage = tuple[int, int, float]
 """A model call's prompt tokens, completion tokens and cost."""
+
+
+def new_id() -> str:
+    """A short random id (approvals, rules, jobs)."""
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +40,8 @@ class ConvRow:
 
 @dataclass(frozen=True, slots=True)
 class TurnRow:
+    conv_id: int
+    session: int
     turn: int
     status: str
     """running | suspended | done"""
@@ -50,6 +63,7 @@ class CallRow:
 class ApprovalRow:
     id: str
     conv_id: int
+    session: int
     call_id: str
     tool: str
     summary: str
@@ -59,6 +73,10 @@ class ApprovalRow:
     created_at: float
     expires_at: float
     decided_by: str | None = None
+
+    def remaining_s(self) -> int:
+        """Seconds until it expires (0 once it has)."""
+        return max(0, int(self.expires_at - time.time()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,50 +106,101 @@ class JobRow:
 
 
 class Store(Protocol):
-    async def open(self) -> None: ...
+    # -- plumbing
+    async def open(self) -> None:
+        """Connect and bring the schema up to date (raises StoreError)."""
     async def close(self) -> None: ...
+    async def integrity_check(self) -> str:
+        """'ok', or what the backend found wrong."""
 
-    async def conversation(self, key: ConvKey) -> ConvRow: ...
+    # -- conversations
+    async def conversation(self, key: ConvKey) -> ConvRow:
+        """The conversation for `key`, created on first use (session 1)."""
     async def conversation_by_id(self, conv_id: int) -> ConvRow | None: ...
-    async def new_session(self, conv_id: int) -> int: ...
-    async def add_usage(self, conv_id: int, prompt: int, completion: int, cost: float) -> None: ...
+    async def new_session(self, conv_id: int) -> int:
+        """Start the next session; returns its number."""
 
-    async def history(self, conv_id: int, session: int) -> list[Msg]: ...
-    async def last_turn(self, conv_id: int, session: int) -> TurnRow | None: ...
-    async def turn_calls(self, conv_id: int, turn: int) -> list[CallRow]: ...
-
-    async def accept_inbound(self, ref: str, conv: ConvKey, kind: str, payload: str) -> bool: ...
-    async def unprocessed_inbound(self) -> list[tuple[str, str, str]]: ...
+    # -- history and turns
+    async def history(self, conv_id: int, session: int) -> list[Msg]:
+        """The session's messages, oldest first."""
     async def begin_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
-                         requester: str, unattended: bool, refs: Sequence[str]) -> list[Msg]: ...
+                         requester: str, unattended: bool, refs: Sequence[str]) -> list[Msg]:
+        """Store the turn's opening messages and a running turn row (numbered by
+        messages[0].turn) and mark the inbound `refs` done, in one commit. A turn that
+        already exists in this session is an error."""
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
-                               usage: Usage | None = None) -> Msg: ...
-    async def set_call(self, conv_id: int, call_id: str, state: CallState,
-                       outcome: Outcome | None = None, result: Msg | None = None,
-                       session: int = 0) -> Msg | None: ...
-    async def end_turn(self, conv_id: int, turn: int, status: str, reason: str | None,
-                       last: Msg | None = None, session: int = 0, *,
-                       step: tuple[int, Usage | None] | None = None) -> Msg | None: ...
-    async def open_turns(self) -> list[tuple[int, int]]: ...
+                               usage: Usage | None = None) -> Msg:
+        """The model's step, its tool calls (PENDING), the step count and usage, in one
+        commit. Returns the message as stored."""
+    async def set_call(self, conv_id: int, session: int, call_id: str, state: CallState,
+                       outcome: Outcome | None = None,
+                       result: Msg | None = None) -> Msg | None:
+        """Move a call to `state`; `result` (its tool message) is stored in the same
+        commit and returned as stored."""
+    async def turn_calls(self, conv_id: int, session: int, turn: int) -> list[CallRow]:
+        """The turn's tool calls in creation order."""
+    async def finished_calls(self, conv_id: int, session: int, limit: int) -> list[CallRow]:
+        """The latest `limit` FINISHED calls of the session, oldest first."""
+    async def end_turn(self, conv_id: int, session: int, turn: int, status: str,
+                       reason: str | None, last: Msg | None = None, *,
+                       step: tuple[int, Usage | None] | None = None) -> Msg | None:
+        """Set the turn's status and reason; `last` (a partial answer, or with `step`
+        the model's final step with its step count and usage) is stored in the same
+        commit. Returns `last` as stored."""
+    async def last_turn(self, conv_id: int, session: int) -> TurnRow | None: ...
+    async def open_turns(self) -> list[TurnRow]:
+        """Every turn not done (running or suspended), in all conversations."""
 
+    # -- summaries
+    async def summary(self, conv_id: int, session: int) -> tuple[int, str] | None:
+        """(through_id, text): the text summarizes every message with id <= through_id."""
+    async def set_summary(self, conv_id: int, session: int, through_id: int,
+                          text: str) -> None:
+        """Replace the session's summary."""
+
+    # -- inbound
+    async def accept_inbound(self, ref: str, conv: ConvKey, kind: str, payload: str) -> bool:
+        """Record an inbound id; False if it was seen before (a redelivery)."""
+    async def unprocessed_inbound(self) -> list[tuple[str, str, str]]:
+        """(ref, kind, payload) of messages and triggers whose turn never began."""
+    async def mark_inbound_done(self, refs: Sequence[str]) -> None: ...
+
+    # -- approvals
     async def add_approval(self, row: ApprovalRow) -> None: ...
     async def approval(self, approval_id: str) -> ApprovalRow | None: ...
-    async def approval_for_call(self, conv_id: int, call_id: str) -> ApprovalRow | None: ...
-    async def decide(self, approval_id: str, status: str, by: str | None) -> bool: ...
+    async def approval_for_call(self, conv_id: int, session: int,
+                                call_id: str) -> ApprovalRow | None:
+        """The newest approval asked for this call."""
+    async def decide(self, approval_id: str, status: str, by: str | None) -> bool:
+        """Move a pending approval to `status`; False when it was already decided."""
     async def pending_approvals(self, conv_id: int | None = None) -> list[ApprovalRow]: ...
 
+    # -- rules
     async def add_rule(self, conv_id: int, tool: str, key: str) -> None: ...
     async def has_rule(self, conv_id: int, tool: str, key: str) -> bool: ...
     async def rules(self, conv_id: int) -> list[RuleRow]: ...
     async def delete_rule(self, conv_id: int, rule_id: str) -> bool: ...
 
+    # -- jobs
     async def add_job(self, row: JobRow) -> None: ...
-    async def jobs(self, conv_id: int | None = None) -> list[JobRow]: ...
+    async def jobs(self, conv_id: int | None = None) -> list[JobRow]:
+        """Active jobs, oldest first."""
     async def job(self, job_id: str) -> JobRow | None: ...
     async def claim_slot(self, job_id: str, slot: float, ref: str, conv: ConvKey,
-                         payload: str, *, last: bool = False) -> bool: ...
+                         payload: str, *, last: bool = False) -> bool:
+        """Claim the run for `slot` and record its trigger inbound, in one commit; False
+        if this slot or a later one was claimed. `last` retires a one-shot job."""
     async def deactivate_job(self, job_id: str) -> bool: ...
 
+    # -- tool processes
     async def track_process(self, pid: int) -> None: ...
     async def untrack_process(self, pid: int) -> None: ...
     async def tracked_processes(self) -> list[int]: ...
+    async def forget_processes(self) -> None: ...
+
+
+def open_store(path: str) -> Store:
+    """The store at `path` (SQLite), not yet opened: call `open()` before use."""
+    from bot.store.sqlite import SQLiteStore
+
+    return SQLiteStore(path)

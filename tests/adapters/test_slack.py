@@ -22,7 +22,7 @@ from adapters.slack import SlackUnavailable, create
 from bot.app import build
 from bot.buttons import CancelButton, pack
 from bot.errors import ConfigError
-from tests.conftest import make_config
+from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_text
 from tests.suites.harness import SECRET, SlackRig
@@ -77,8 +77,7 @@ def shell(cmd: str) -> Reply:
 
 
 def user_texts(model: FakeModelServer, index: int = -1) -> list[str]:
-    return [str(m.get("content")) for m in model.requests[index]["messages"]
-            if m["role"] == "user"]
+    return said(model.requests[index]["messages"])
 
 
 def buttons(message: FakeSlackMessage) -> list[str]:
@@ -178,6 +177,40 @@ async def test_a_star_allows_everyone_in_the_workspace(rig_factory: Callable[...
         await rig.stop()
     rig.check()
     assert len(model.requests) == 1
+
+
+async def test_a_strangers_mention_in_a_thread_does_not_join_it(rig: Rig,
+                                                                 model: FakeModelServer) -> None:
+    model.script(Reply(text="Read the thread."))
+    root = rig.fake.message_event("C2", "U3", "prod is down", channel_type="channel")
+    await rig.say("C2", "U9", "bot, fix it", channel_type="channel", mention=True,
+                  thread_ts=root["ts"])
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U9"))
+    await rig.settle()
+    assert rig.fake.calls_to("conversations.replies") == []  # no thread read for a stranger
+    assert rig.fake.calls_to("users.info") == []
+    assert "`U9`" in rig.fake.ephemerals_for("U9")[0]["text"]
+    await rig.say("C2", "U1", "any idea?", channel_type="channel", mention=True,
+                  thread_ts=root["ts"])
+    await rig.wait_text("C2", "Read the thread.", thread=root["ts"])
+    await rig.settle()
+    assert "prod is down" in user_texts(model, 0)[0]  # Tandem joins with the first allowed user
+    assert rig.texts("C2", thread=root["ts"]) == ["Read the thread."]
+
+
+async def test_a_strangers_cancel_press_changes_nothing(rig: Rig, model: FakeModelServer) -> None:
+    model.script(Reply(text="word " * 80, chunk_size=5, chunk_delay=0.02))
+    await rig.say("D1", "U1", "write a lot")
+    live = await rig.fake.wait_for(
+        lambda: next((m for m in rig.fake.bot_messages("D1") if "word" in m.text), None))
+    assert live is not None
+    await rig.press("D1", "U9", live.ts, "tandem_cancel")
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U9"))
+    await rig.fake.wait_for(lambda: not buttons(rig.fake.bot_messages("D1")[0]))
+    await rig.settle()
+    [message] = rig.fake.bot_messages("D1")
+    assert block_text(message.blocks).count("word") == 80 and "Cancelled" not in message.text
+    assert "`U9`" in rig.fake.ephemerals_for("U9")[0]["text"]
 
 
 async def test_the_same_event_retried_is_answered_once(rig: Rig, model: FakeModelServer) -> None:
@@ -510,6 +543,22 @@ async def _slash(rig: Rig, model: FakeModelServer) -> None:
     await rig.wait_text("D1", "/status")
     await rig.settle()
     assert model.requests == []
+
+
+async def test_a_strangers_slash_command_is_refused(fake: FakeSlackServer,
+                                                    model: FakeModelServer,
+                                                    tmp_path: Path) -> None:
+    async with Rig(fake, model, tmp_path, "socket") as rig:
+        payload = {"token": "t", "team_id": "T1", "channel_id": "D9", "user_id": "U9",
+                   "command": "/tandem", "text": "status", "trigger_id": "9.9.9",
+                   "response_url": f"{rig.fake.url}/response/none"}
+        envelope = await rig.fake.push("slash_commands", payload)
+        rig.acks.append(await rig.fake.wait_ack(envelope))
+        await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U9"))
+        await rig.settle()
+    [told] = rig.fake.ephemerals_for("U9")
+    assert "`U9`" in told["text"] and "slack.allowed_users" in told["text"]
+    assert rig.texts("D9") == [] and model.requests == []
 
 
 async def test_a_forged_button_is_refused(rig: Rig, model: FakeModelServer) -> None:

@@ -25,7 +25,7 @@ from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.errors import ConfigError
 from bot.events import Verdict
 from bot.hub import Hub
-from tests.conftest import make_config
+from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.telegram_server import FakeMessage, FakeTelegram
 
@@ -114,8 +114,7 @@ async def rig(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram,
 
 def user_texts(model: FakeModelServer) -> list[str]:
     """The user messages of every model request, flattened."""
-    return [str(m.get("content")) for r in model.requests for m in r["messages"]
-            if m.get("role") == "user"]
+    return [text for r in model.requests for text in said(r["messages"])]
 
 
 # -- conversations ---------------------------------------------------------------------
@@ -225,6 +224,51 @@ async def test_empty_allowlist_answers_nobody(tmp_path: Path, model: FakeModelSe
     assert str(ANN) in r.bot(ANN)[0].text and len(r.bot(ANN)) == 1
     assert "allowed_users is empty" in caplog.text
     assert model.requests == [] and model.violations == []
+
+
+async def test_a_star_allows_everyone_on_telegram(tmp_path: Path, model: FakeModelServer,
+                                                  fake: FakeTelegram) -> None:
+    model.script(Reply(text="Hi Eve."))
+    async with rig(tmp_path, model, fake, allowed_users=["*"]) as r:
+        fake.push_message(STRANGER, STRANGER, "hello?", first_name="Eve")
+        await r.answered(STRANGER, "Hi Eve.")
+        await r.hub.idle()
+    assert len(r.bot(STRANGER)) == 1 and len(model.requests) == 1
+    assert model.violations == []
+
+
+async def test_access_goes_by_id_not_by_name(tmp_path: Path, model: FakeModelServer,
+                                             fake: FakeTelegram) -> None:
+    async with rig(tmp_path, model, fake) as r:  # Ann (42) is allowed
+        fake.push_message(STRANGER, STRANGER, "it is me, Ann", first_name="Ann", username="ann")
+        await r.until(lambda: len(r.bot(STRANGER)) == 1)
+        await r.settle()
+    [refusal] = r.bot(STRANGER)
+    assert f"`{STRANGER}`" in refusal.text and "telegram.allowed_users" in refusal.text
+    assert model.requests == [] and model.violations == []
+
+
+async def test_a_strangers_stop_and_cancel_press_change_nothing(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(text="word " * 80, chunk_size=5, chunk_delay=0.02))
+    async with rig(tmp_path, model, fake, groups={"require_mention": False}) as r:
+        fake.push_message(GROUP, ANN, "talk a lot", chat_type="supergroup")
+        await r.until(lambda: any(m.text.startswith("word") and m.reply_markup
+                                  for m in r.bot(GROUP)))
+        placeholder = r.bot(GROUP)[0]
+        query = fake.push_callback(GROUP, STRANGER, placeholder.message_id,
+                                   pack(CancelButton(1)), first_name="Eve")
+        fake.push_message(GROUP, STRANGER, "/stop", chat_type="supergroup", first_name="Eve")
+        await r.until(lambda: query in fake.callback_answers)
+        answer = fake.callback_answers[query]
+        assert answer["show_alert"] and f"`{STRANGER}`" in answer["text"]
+        await r.until(lambda: not fake.message(GROUP, placeholder.message_id).reply_markup)
+        await r.settle()
+    final = fake.message(GROUP, placeholder.message_id).text
+    assert final.count("word") == 80 and "Cancelled" not in final
+    assert [m.text for m in r.bot(GROUP) if str(STRANGER) in m.text] == \
+        [answer["text"]]  # the /stop: one reply, the same refusal
+    assert model.violations == []
 
 
 async def test_missing_token_is_a_config_error(tmp_path: Path, model: FakeModelServer,
@@ -407,7 +451,7 @@ async def test_cancel_while_streaming(tmp_path: Path, model: FakeModelServer,
         await r.until(lambda: any(m.text.startswith("word") and m.reply_markup
                                   for m in r.bot(ANN)))
         placeholder = r.bot(ANN)[0]
-        fake.push_callback(ANN, ANN, placeholder.message_id, pack(CancelButton()))
+        fake.push_callback(ANN, ANN, placeholder.message_id, pack(CancelButton(1)))
         await r.until(lambda: fake.message(ANN, placeholder.message_id).text
                       .endswith("⏹ Cancelled.") and not fake.message(
                           ANN, placeholder.message_id).reply_markup)

@@ -20,7 +20,7 @@ from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 def scheduled_turns(model: FakeModelServer) -> list[str]:
     out = []
     for request in model.requests:
-        last_user = [m for m in request["messages"] if m["role"] == "user"][-1]
+        last_user = [m for m in request["messages"] if m["role"] == "user"][-2]  # before the note
         if "[Scheduled task" in last_user["content"]:
             out.append(last_user["content"])
     return out

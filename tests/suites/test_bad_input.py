@@ -39,10 +39,11 @@ from adapters.slack_render import Incoming, extract_message, parse_command, slac
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_render import parse_command as tg_parse_command
 from adapters.telegram_render import strip_mention
+from bot.access import Access
 from bot.buttons import ApprovalButton, pack, unpack
 from bot.events import Decision, Notice, TurnEnded, UserMessage, Verdict
 from bot.hub import Receipt
-from tests.conftest import Core, make_config
+from tests.conftest import Core, make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.suites.harness import (
     ANN,
@@ -169,16 +170,19 @@ SLACK_COMMAND = st.fixed_dictionaries(
 
 
 class RecordingHub:
-    """Stands in for the hub: records what the adapter hands over."""
+    """Stands in for the hub: the one access check first, as the hub does, then records
+    what the adapter hands over."""
 
-    def __init__(self) -> None:
+    def __init__(self, access: Access) -> None:
+        self.access = access
         self.items: list[Any] = []
 
     async def submit(self, item: Any) -> Receipt:
-        self.items.append(item)
-        return Receipt(True)
+        return self.cancel(item)
 
     def cancel(self, item: Any) -> Receipt:
+        if (refusal := self.access.check(item)) is not None:
+            return Receipt(False, refusal)
         self.items.append(item)
         return Receipt(True)
 
@@ -192,7 +196,7 @@ def telegram_unit(tmp: Path) -> tuple[TelegramAdapter, RecordingHub, list[str]]:
     config = offline_config(tmp, telegram={"enabled": True, "token": "123:ABC",
                                            "base_url": "http://127.0.0.1:9/bot",
                                            "allowed_users": [ANN]})
-    hub = RecordingHub()
+    hub = RecordingHub(Access(config))
     adapter = TelegramAdapter(config, hub)  # type: ignore[arg-type]
     adapter.username, adapter.bot_id = "tandem_bot", 999
     said: list[str] = []
@@ -232,10 +236,11 @@ class OfflineSlackClient:
 def slack_unit(tmp: Path) -> tuple[SlackAdapter, RecordingHub]:
     config = offline_config(tmp, slack__enabled=True, slack__bot_token="xoxb-test",
                             slack__app_token="xapp-test", slack__allowed_users=["U1"])
-    hub = RecordingHub()
+    hub = RecordingHub(Access(config))
     adapter = SlackAdapter(config, hub)  # type: ignore[arg-type]
     adapter._client = OfflineSlackClient()  # type: ignore[assignment]
     adapter.bot_user, adapter.bot_id, adapter.team = "UBOT", "BBOT", "T1"
+    hub.access.set_home_team("slack", "T1")
     return adapter, hub
 
 
@@ -494,7 +499,7 @@ async def test_replayed_presses_run_the_call_once(tmp_path: Path, model: FakeMod
     assert (r.workspace / "out.txt").read_text() == "ran\n"
     assert first in fake.callback_answers
     assert all("Already decided" in n for n in late), late
-    assert len([m for m in model.requests if m["messages"][-1]["role"] == "tool"]) == 1
+    assert len([m for m in model.requests if m["messages"][-2]["role"] == "tool"]) == 1
 
 
 async def test_a_press_on_an_expired_approval_runs_nothing(tmp_path: Path,
@@ -631,7 +636,7 @@ async def test_a_1_mb_message_gets_a_clear_answer(model: FakeModelServer, config
     assert ended.text == "I read the start of it."
     saved = list((tmp_path / "workspace" / "inbox").glob("message-*.txt"))
     assert len(saved) == 1 and saved[0].read_text(encoding="utf-8") == text.strip()
-    sent = [m["content"] for m in model.requests[0]["messages"] if m["role"] == "user"]
+    sent = said(model.requests[0]["messages"])
     assert len(sent[-1]) < 10_000 and "read_file" in sent[-1]
     assert [e.reason for e in core.sink.of(TurnEnded)] == ["completed", "completed"]
 
@@ -655,7 +660,7 @@ async def test_telegram_largest_message_and_an_over_limit_one(tmp_path: Path,
     texts = fake.bot_texts(ANN)
     assert texts[0] == "Read it all." and texts[-1] == "Read the start."
     assert any("4,096 characters" in t and "inbox/" in t for t in texts), texts
-    first = [m["content"] for m in model.requests[0]["messages"] if m["role"] == "user"]
+    first = said(model.requests[0]["messages"])
     assert first[-1].startswith("[Ann] " + under)
     saved = list((tmp_path / "workspace" / "inbox").glob("message-*.txt"))
     assert [p.read_text(encoding="utf-8") for p in saved] == [biggest]
@@ -673,5 +678,5 @@ async def test_slack_very_long_message_gets_a_clear_answer(model: FakeModelServe
     texts = rig.texts("D1")
     assert any("250,000 characters" in t or "249,999 characters" in t for t in texts), texts
     assert texts[-1] == "Read the start."
-    sent = [m["content"] for m in model.requests[0]["messages"] if m["role"] == "user"]
+    sent = said(model.requests[0]["messages"])
     assert len(sent[-1]) < 10_000

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.test_cli import env, write_config
 
@@ -27,9 +28,14 @@ KILLS = int(os.environ.get("TANDEM_CRASH_KILLS", "20"))
 SCENARIOS = ("stream", "tool", "approval", "job", "record")
 
 
+def without_note(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's messages without Tandem's per-request state note (always the last)."""
+    return messages[:-1] if messages and said(messages[-1:]) == [] else messages
+
+
 def respond(messages: list[dict[str, Any]]) -> Reply:
     """The fake model's behaviour, chosen by the scenario word in the user's message."""
-    last = messages[-1]
+    last = without_note(messages)[-1]
     if last["role"] == "tool":
         return Reply(text="Noted the tool result.")
     text = str(last.get("content") or "")
@@ -54,18 +60,20 @@ def db_state(path: Path) -> dict[str, Any]:
     try:
         integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
         users = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='user'")]
+        # only a turn that waits for a human may hold unfinished calls, and never one that
+        # was handed to its tool
         unfinished = db.execute(
-            "SELECT COUNT(*) FROM tool_calls t WHERE state NOT IN ('finished', 'asking')"
-            " AND NOT EXISTS (SELECT 1 FROM turns u WHERE u.conv_id=t.conv_id AND"
-            " u.turn=t.turn AND u.status='running')").fetchone()[0]
+            "SELECT COUNT(*) FROM tool_calls t WHERE state <> 'finished' AND (state ="
+            " 'submitted' OR NOT EXISTS (SELECT 1 FROM turns u WHERE u.conv_id=t.conv_id AND"
+            " u.session=t.session AND u.turn=t.turn AND u.status<>'done'))").fetchone()[0]
         missing_results = db.execute(
-            "SELECT COUNT(*) FROM tool_calls t WHERE state='finished' AND NOT EXISTS"
-            " (SELECT 1 FROM messages m WHERE m.conv_id=t.conv_id AND m.role='tool'"
-            " AND m.tool_call_id=t.call_id)").fetchone()[0]
+            "SELECT COUNT(*) FROM tool_calls t WHERE state='finished' AND (SELECT COUNT(*)"
+            " FROM messages m WHERE m.conv_id=t.conv_id AND m.session=t.session AND"
+            " m.role='tool' AND m.tool_call_id=t.call_id) <> 1").fetchone()[0]
         asking = db.execute(
             "SELECT COUNT(*) FROM tool_calls t WHERE state='asking' AND NOT EXISTS"
-            " (SELECT 1 FROM approvals a WHERE a.conv_id=t.conv_id AND a.call_id=t.call_id"
-            " AND a.status='pending')").fetchone()[0]
+            " (SELECT 1 FROM approvals a WHERE a.conv_id=t.conv_id AND a.session=t.session"
+            " AND a.call_id=t.call_id AND a.status='pending')").fetchone()[0]
         return {"integrity": integrity, "users": users, "unfinished": unfinished,
                 "missing_results": missing_results, "asking_without_card": asking}
     finally:
@@ -125,7 +133,7 @@ async def test_kill_9_at_random_points_loses_nothing(model: FakeModelServer,
     assert not tool_alive()
     answers: dict[str, int] = {}
     for request in model.requests:
-        users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+        users = said(request["messages"])
         answers[users[-1]] = answers.get(users[-1], 0) + 1
     # a user message is sent to the model once per step of its own turn, never re-run later
     assert all(n <= 4 for n in answers.values()), answers

@@ -24,7 +24,7 @@ from tests.conftest import PERSONA
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.fakes.telegram_server import FakeTelegram
 from tests.suites.harness import integrity
-from tests.suites.test_crash import respond, tool_alive
+from tests.suites.test_crash import respond, tool_alive, without_note
 from tests.test_cli import env
 
 ROUNDS = max(1, int(os.environ.get("TANDEM_CRASH_KILLS", "20")) // 2)
@@ -32,8 +32,9 @@ ANN, BOB, CAROL = 42, 43, 44
 
 
 def echo_or_scenario(messages: list[dict[str, Any]]) -> Reply:
-    text = str(messages[-1].get("content") or "")
-    if messages[-1]["role"] == "user" and "down " in text:
+    last = without_note(messages)[-1]
+    text = str(last.get("content") or "")
+    if last["role"] == "user" and "down " in text:
         word = text.split("down ", 1)[1].split()[0]
         return Reply(text=f"echo down {word}")
     return respond(messages)

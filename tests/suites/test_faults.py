@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from bot.errors import USER_MESSAGES, ModelError, ModelRateLimited, StoreError
+from bot.errors import USER_MESSAGES, ModelError, ModelRateLimited, ModelStreamCut, StoreError
 from bot.events import ApprovalRequested, Decision, Notice, TurnEnded, Verdict
-from tests.conftest import Core
+from tests.conftest import Core, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.suites.harness import (
     ANN,
@@ -39,6 +39,7 @@ from tests.suites.harness import (
 
 UNREACHABLE = USER_MESSAGES[ModelError]
 RATE_LIMITED = USER_MESSAGES[ModelRateLimited]
+CUT_OFF = USER_MESSAGES[ModelStreamCut].format(cause="the connection was lost")
 LIST = ToolCallSpec("list_dir", {"path": "."})
 ECHO = ToolCallSpec("shell", {"command": "echo hi > out.txt"})
 
@@ -51,12 +52,14 @@ def fault(kind: str) -> Reply:
 
 
 def roles(model: FakeModelServer, index: int = -1) -> list[str]:
-    return [m["role"] for m in model.requests[index]["messages"]]
+    """The roles of a request's messages, without its final state note."""
+    messages = model.requests[index]["messages"]
+    assert said(messages[-1:]) == [], "the state note must be the last message"
+    return [m["role"] for m in messages[:-1]]
 
 
 def user_texts(model: FakeModelServer, index: int = -1) -> list[str]:
-    return [str(m.get("content")) for m in model.requests[index]["messages"]
-            if m["role"] == "user"]
+    return said(model.requests[index]["messages"])
 
 
 class Lock:
@@ -110,7 +113,7 @@ async def test_one_model_fault_is_retried_and_the_answer_arrives(
 
 
 @pytest.mark.parametrize(("kind", "message"), [("429", RATE_LIMITED), ("500", UNREACHABLE),
-                                               ("hang", UNREACHABLE), ("drop", UNREACHABLE)])
+                                               ("hang", UNREACHABLE), ("drop", CUT_OFF)])
 async def test_a_persistent_model_fault_ends_with_a_short_clear_message(
         kind: str, message: str, model: FakeModelServer,
         config_factory: Callable[..., Any]) -> None:
@@ -171,9 +174,9 @@ async def test_a_model_fault_while_an_approval_resumes(model: FakeModelServer,
         approval = core.sink.of(ApprovalRequested)[0]
         await core.hub.submit(Decision(core.key, core.user, approval.approval_id,
                                        Verdict.APPROVE))
-        ended = await core.sink.ended(2)
+        ended = await core.sink.ended(1)
         await core.say("and?")
-        last = (await core.sink.ended(3))[-1]
+        last = (await core.sink.ended(2))[-1]
     assert ended[-1].text == UNREACHABLE
     assert (tmp_path / "workspace" / "out.txt").read_text() == "hi\n"
     assert last.text == "Done now."

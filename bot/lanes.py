@@ -1,0 +1,120 @@
+"""Lanes: one conversation's work in order, different conversations concurrently.
+
+A lane is a queue drained by one task that exists only while there is work. Messages
+that pile up behind a running turn are handed over together, as one batch. Cancel is
+out of band: it sets the running turn's event at once, without queueing behind it,
+and only for the turn its button belongs to. Work that must wait for the current
+turn to end (a scheduled run while a human decides) is parked and comes back then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from bot.events import ConvKey, UserMessage
+
+log = logging.getLogger(__name__)
+W = TypeVar("W")
+
+
+@dataclass(slots=True)
+class _Lane(Generic[W]):
+    inbox: deque[W] = field(default_factory=deque)
+    parked: list[W] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    cancel: asyncio.Event | None = None
+    """Set while a turn runs; setting it cancels that turn."""
+    turn: int | None = None
+    """The number of the turn that runs now."""
+
+
+class Lanes(Generic[W]):
+    def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]]) -> None:
+        self._handle = handle
+        self._lanes: dict[ConvKey, _Lane[W]] = {}
+        self.closing = False
+
+    def put(self, key: ConvKey, item: W) -> None:
+        if self.closing:
+            return
+        lane = self._lanes.setdefault(key, _Lane())
+        lane.inbox.append(item)
+        if lane.task is None:
+            lane.task = asyncio.get_running_loop().create_task(self._drain(key, lane))
+
+    def park(self, key: ConvKey, item: W) -> None:
+        """Keep `item` until the conversation's current turn is over (`unpark`)."""
+        self._lanes.setdefault(key, _Lane()).parked.append(item)
+
+    def unpark(self, key: ConvKey) -> None:
+        lane = self._lanes.get(key)
+        if lane is not None and lane.parked:
+            lane.inbox.extendleft(reversed(lane.parked))
+            lane.parked.clear()
+
+    async def _drain(self, key: ConvKey, lane: _Lane[W]) -> None:
+        try:
+            while lane.inbox:
+                batch = [lane.inbox.popleft()]
+                if isinstance(batch[0], UserMessage):
+                    while lane.inbox and isinstance(lane.inbox[0], UserMessage):
+                        batch.append(lane.inbox.popleft())
+                await self._handle(key, batch)
+        finally:
+            lane.task = None
+            if not lane.inbox and not lane.parked:
+                self._lanes.pop(key, None)
+
+    # -- the running turn -------------------------------------------------------------
+
+    def begin(self, key: ConvKey, turn: int) -> asyncio.Event:
+        lane = self._lanes.setdefault(key, _Lane())
+        lane.cancel, lane.turn = asyncio.Event(), turn
+        return lane.cancel
+
+    def end(self, key: ConvKey) -> None:
+        lane = self._lanes.get(key)
+        if lane is not None:
+            lane.cancel = lane.turn = None
+
+    def cancel(self, key: ConvKey, turn: int | None) -> bool:
+        """Cancel the running turn (only `turn`, when given); False if none matched."""
+        lane = self._lanes.get(key)
+        if lane is None or lane.cancel is None or turn not in (None, lane.turn):
+            return False
+        lane.cancel.set()
+        return True
+
+    def running(self, key: ConvKey) -> bool:
+        lane = self._lanes.get(key)
+        return lane is not None and lane.cancel is not None
+
+    def busy(self, key: ConvKey) -> bool:
+        lane = self._lanes.get(key)
+        return lane is not None and lane.task is not None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def idle(self) -> None:
+        """Wait until no lane has work (tests and the scriptable console use this)."""
+        while tasks := [lane.task for lane in self._lanes.values() if lane.task is not None]:
+            await asyncio.wait(tasks)
+
+    async def close(self) -> None:
+        """Stop taking work; running turns are cancelled and waited for (10 s at most)."""
+        self.closing = True
+        tasks = []
+        for lane in self._lanes.values():
+            lane.inbox.clear()
+            lane.parked.clear()
+            if lane.cancel is not None:
+                lane.cancel.set()
+            if lane.task is not None:
+                tasks.append(lane.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)

@@ -1,0 +1,96 @@
+"""Each model request, built in one place: system prompt, trimmed history, tools, note.
+
+The request for step k+1 of a turn starts with the request for step k byte for byte
+(a summary of trimmed turns, with `context.summary`, follows the system prompt):
+the system prompt is reused while the persona is unchanged, finished turns are
+sanitized once, and the state note (time, context used, scheduled tasks) is the
+**last** message, after any tool results, and never stored. Estimates cover the whole
+request and are calibrated against the provider's real counts, so the trim that runs
+once per turn leaves room for everything that is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from bot.compaction import with_summary
+from bot.config import Config
+from bot.context import check_system_fits
+from bot.conversation import Conversation
+from bot.history import estimate_tokens
+from bot.persona import Persona
+from bot.tools import Registry
+
+NOTE_RESERVE_TOKENS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    messages: list[dict[str, Any]]
+    estimated: int
+    """Uncalibrated token estimate of the whole request (calibration compares this)."""
+
+
+class Prompt:
+    def __init__(self, config: Config, persona: Persona, tools: Registry,
+                 jobs: Callable[[int], int] = lambda _conv_id: 0) -> None:
+        self.config = config
+        self.persona = persona
+        self.tools = tools
+        self.jobs = jobs
+        """Active scheduled tasks of a conversation (for the note)."""
+        self.tz = ZoneInfo(config.scheduler.timezone)
+        self._system: tuple[str, int] = ("", 0)
+        self._tool_tokens = estimate_tokens(str(tools.schemas()))
+
+    def system(self) -> str:
+        """The persona's prompt, read again (cheaply) for every request."""
+        prompt = self.persona.system_prompt()
+        if prompt is not self._system[0]:
+            self._system = (prompt, estimate_tokens(prompt))
+        return prompt
+
+    def fixed(self, conv: Conversation | None = None) -> int:
+        """Estimated tokens sent with every request: system prompt, tools, summary."""
+        summary = estimate_tokens(conv.summary) + 8 if conv is not None and conv.summary else 0
+        return self._system[1] + self._tool_tokens + summary
+
+    def reserve(self) -> int:
+        return self.config.llm.max_output_tokens + NOTE_RESERVE_TOKENS
+
+    def history_budget(self, conv: Conversation, window: int) -> int:
+        """Estimated tokens the history may take so the calibrated request fits."""
+        self.system()
+        check_system_fits(int(self.fixed(conv) * conv.calibration), window, self.reserve())
+        return int((window - self.reserve()) / conv.calibration) - self.fixed(conv)
+
+    def used(self, conv: Conversation) -> int:
+        """Calibrated tokens of the request as it stands (the note and `/status` agree)."""
+        return int((self.fixed(conv) + conv.kept) * conv.calibration)
+
+    def fits(self, request: Request, conv: Conversation, window: int) -> bool:
+        return request.estimated * conv.calibration + self.config.llm.max_output_tokens <= window
+
+    def note(self, conv: Conversation, window: int) -> str:
+        now = datetime.fromtimestamp(time.time(), self.tz)
+        dropped = conv.dropped_turns
+        older = f"; {dropped} older turns are out of view" if dropped else ""
+        jobs = self.jobs(conv.row.id)
+        tasks = f" Scheduled tasks here: {jobs} (list_tasks shows them)." if jobs else ""
+        return (f"[Current state; earlier state notes are stale. Time: "
+                f"{now:%Y-%m-%d %H:%M %Z}. Context: ~{self.used(conv):,} of {window:,} "
+                f"tokens{older}.{tasks}]")
+
+    def build(self, conv: Conversation, window: int) -> Request:
+        system = [{"role": "system", "content": self.system()}]
+        messages = with_summary(system, conv.summary)
+        messages.extend(conv.wire_window())
+        note = self.note(conv, window)
+        messages.append({"role": "user", "content": note})
+        estimated = self.fixed(conv) + conv.kept + estimate_tokens(note)
+        return Request(messages, estimated)

@@ -1,0 +1,106 @@
+"""The SQLite store's plumbing: the connection, one-hop calls, transactions, migrations.
+
+Each public method is one round trip to aiosqlite's worker thread: a multi-statement
+change runs there as one function inside `BEGIN IMMEDIATE ... COMMIT`, so it is atomic
+and costs one thread hop. The connection is always closed (`close()`), since
+aiosqlite's worker thread would otherwise keep the interpreter alive.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from bot.errors import StoreError
+from bot.events import ConvKey
+from bot.store.sqlite_schema import MIGRATIONS
+
+T = TypeVar("T")
+
+
+def conv_key(row: sqlite3.Row | tuple[Any, ...], offset: int = 0) -> ConvKey:
+    platform, chat, thread = row[offset], row[offset + 1], row[offset + 2]
+    return ConvKey(platform, chat, thread or None)
+
+
+class SQLiteBase:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._db: aiosqlite.Connection | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = await aiosqlite.connect(self.path, isolation_level=None)
+            await self._run(self._setup)
+        except (sqlite3.Error, OSError) as exc:
+            await self.close()
+            raise StoreError(f"cannot open the database {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    async def __aenter__(self) -> SQLiteBase:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` on the connection in aiosqlite's worker thread (one hop)."""
+        if self._db is None:
+            raise StoreError("the store is closed")
+        conn = self._db
+        try:
+            result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+        return result
+
+    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def wrapped(db: sqlite3.Connection) -> T:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result
+
+        return await self._run(wrapped)
+
+    @staticmethod
+    def _setup(db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA busy_timeout=5000")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise sqlite3.DatabaseError(
+                f"database schema v{version} is newer than this Tandem (v{len(MIGRATIONS)})")
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={number}")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    async def integrity_check(self) -> str:
+        return await self._run(lambda db: str(db.execute("PRAGMA integrity_check").fetchone()[0]))

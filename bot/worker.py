@@ -1,0 +1,182 @@
+"""The worker: what each conversation's lane does with an item of its work.
+
+A message starts a turn (superseding one that waits for a human), a scheduled run
+starts one unattended (or waits while a human decides), a press or an expiry lets a
+waiting turn go on, a Cancel ends a waiting turn, a command answers. The runner
+carries out every change of state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from bot import commands
+from bot import turn as t
+from bot.access import Access
+from bot.approvals import Approvals
+from bot.commands import CommandContext, Reset
+from bot.conversation import Conversation
+from bot.conversations import Conversations
+from bot.errors import user_message
+from bot.events import (
+    Cancel,
+    Command,
+    ConvKey,
+    Decision,
+    Event,
+    Inbound,
+    Notice,
+    Trigger,
+    TurnEnded,
+    TurnStarted,
+    UserMessage,
+)
+from bot.intake import Intake
+from bot.lanes import Lanes
+from bot.recovery import Resume, load_conversation
+from bot.runner import Runner
+from bot.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """An approval card's time is up."""
+
+    conv: ConvKey
+    approval_id: str
+
+
+Work = Inbound | Expiry | Resume
+
+
+class Worker:
+    def __init__(self, runner: Runner, intake: Intake, access: Access,
+                 scheduler: Scheduler) -> None:
+        self.runner = runner
+        self.d = runner.d
+        self.intake = intake
+        self.scheduler = scheduler
+        self.lanes: Lanes[Work] = Lanes(self._handle)
+        self.convs = Conversations(self._load, self.lanes.busy)
+        self.approvals = Approvals(runner, access, self.due)
+
+    def due(self, key: ConvKey, approval_id: str) -> None:
+        """An approval's timer fired: its expiry waits its turn on the lane."""
+        self.lanes.put(key, Expiry(key, approval_id))
+
+    async def _load(self, key: ConvKey) -> Conversation:
+        return await load_conversation(self.d.store, self.runner, key)
+
+    # -- on the lane ------------------------------------------------------------------
+
+    async def _handle(self, key: ConvKey, batch: list[Work]) -> None:
+        try:
+            conv = await self.convs.get(key)
+            await self._dispatch(conv, batch)
+        except Exception as exc:
+            log.error("failed to handle %s in %s", type(batch[0]).__name__, key, exc_info=True)
+            self.convs.drop(key)  # reload (and repair) from the store next time
+            await self._safe_emit(Notice(key, user_message(exc)))
+        finally:
+            cached = self.convs.cached(key)
+            if cached is None or cached.turn is None:
+                self.lanes.unpark(key)
+
+    async def _dispatch(self, conv: Conversation, batch: list[Work]) -> None:
+        match item := batch[0]:
+            case UserMessage():
+                await self._messages(conv, [m for m in batch if isinstance(m, UserMessage)])
+            case Trigger():
+                await self._trigger(conv, item)
+            case Decision():
+                if await self.approvals.decide(conv, item):
+                    await self._drive(conv, resumed=True)
+            case Expiry():
+                if await self.approvals.expire(conv, item.approval_id):
+                    await self._drive(conv, resumed=True)
+            case Resume() if conv.turn is not None and not conv.turn.waiting:
+                await self._drive(conv, resumed=True)
+            case Cancel():
+                await self._cancel_waiting(conv, item)
+            case Command():
+                await self._command(conv, item)
+
+    async def _messages(self, conv: Conversation, batch: list[UserMessage]) -> None:
+        texts, notes = self.intake.texts(batch)
+        for note in notes:
+            await self.d.emit(Notice(conv.row.key, note))
+        refs = [m.ref for m in batch if m.ref]
+        if not texts:
+            await self.d.store.mark_inbound_done(refs)
+            return
+        if conv.turn is not None:
+            await self.runner.apply(conv, t.supersede(
+                conv.turn, self.runner.limits, "the user sent a new message instead of deciding"))
+        await self._start(conv, texts, batch[-1].user.id, False, refs)
+
+    async def _trigger(self, conv: Conversation, item: Trigger) -> None:
+        if not t.trigger_arrives(conv.turn):  # the run waits; a human's card is not denied
+            self.lanes.park(conv.row.key, item)
+            await self.d.emit(Notice(conv.row.key, f"Scheduled task {item.job_id} is due; "
+                                     "it runs once the pending approval is decided."))
+            return
+        late = " (running late: Tandem was not running at the scheduled time)" \
+            if item.late else ""
+        text = f"[Scheduled task {item.job_id}{late}] {item.prompt}"
+        await self._start(conv, [text], item.requester or f"job:{item.job_id}", True,
+                          [item.ref] if item.ref else [])
+
+    async def _start(self, conv: Conversation, texts: list[str], requester: str,
+                     unattended: bool, refs: list[str]) -> None:
+        await self.runner.begin(conv, texts, requester, unattended, refs)
+        await self._drive(conv)
+
+    async def _drive(self, conv: Conversation, *, resumed: bool = False) -> None:
+        assert conv.turn is not None
+        key, number = conv.row.key, conv.turn.turn
+        cancel = self.lanes.begin(key, number)
+        try:
+            await self.d.emit(TurnStarted(key, number))
+            if resumed:
+                await self.runner.resumed(conv)
+            await self.runner.drive(conv, cancel)
+        except Exception as exc:  # the turn cannot go on: end it where the user sees it
+            log.error("turn %d in %s failed", number, key, exc_info=True)
+            self.convs.drop(key)  # reload (and repair) from the store
+            await self._safe_emit(TurnEnded(key, number, user_message(exc), "error"))
+            return
+        finally:
+            self.lanes.end(key)
+        if conv.turn is not None:
+            for approval in await self.d.store.pending_approvals(conv.row.id):
+                self.approvals.arm(key, approval)
+
+    async def _cancel_waiting(self, conv: Conversation, item: Cancel) -> None:
+        state = conv.turn
+        if state is None or item.turn not in (None, state.turn):
+            text = "Nothing is running." if item.turn is None else "That turn is already over."
+            await self.d.emit(Notice(conv.row.key, text, ephemeral_to=item.user))
+            return
+        await self.runner.apply(conv, t.cancel_waiting(state, self.runner.limits, item.user))
+
+    async def _command(self, conv: Conversation, cmd: Command) -> None:
+        ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
+                             await self.runner.window(), self.lanes.running(conv.row.key),
+                             self.scheduler)
+        for out in await commands.run(ctx, conv, cmd):
+            if isinstance(out, Reset):
+                if conv.turn is not None:
+                    await self.runner.apply(conv, t.supersede(
+                        conv.turn, self.runner.limits, "the conversation was reset"))
+                await self.d.store.new_session(conv.row.id)
+                self.convs.drop(conv.row.key)
+            else:
+                await self.d.emit(out)
+
+    async def _safe_emit(self, event: Event) -> None:
+        with contextlib.suppress(Exception):
+            await self.d.emit(event)
