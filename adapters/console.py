@@ -50,6 +50,8 @@ class Console:
         self.user = User(user, user)
         self.conv = ConvKey(PLATFORM, user)
         self.pending: deque[str] = deque()
+        self.restored: set[str] = set()
+        """Cards shown again after a restart: a new message may supersede them."""
         self._streamed = 0
         self._shown = ""
         self._tool_shown: str | None = None
@@ -74,13 +76,8 @@ class Console:
                 self._finish(text, False)
             case Suspended():
                 self._finish("", True)
-            case ApprovalRequested():  # a reminder too: a terminal keeps no card on screen
-                if event.approval_id not in self.pending:
-                    self.pending.append(event.approval_id)
-                body = "\n".join(f"    {line}" for line in event.summary.splitlines())
-                still = "still waits to" if event.reminder else "wants to"
-                self._write(f"\nTandem {still} run `{event.tool}`:\n{body}\n"
-                            "Approve? [y]es / [n]o / [a]lways in this chat\n")
+            case ApprovalRequested():
+                self._card(event)
             case ApprovalResolved(approval_id=aid, outcome=outcome):
                 with contextlib.suppress(ValueError):
                     self.pending.remove(aid)
@@ -89,6 +86,17 @@ class Console:
                 self._write(f"{text}\n")
             case Queued():
                 self._status("[received; I will answer it after the current reply]")
+
+    def _card(self, event: ApprovalRequested) -> None:
+        """A reminder too: a terminal keeps no card on screen."""
+        if event.approval_id not in self.pending:
+            self.pending.append(event.approval_id)
+        if event.reminder:
+            self.restored.add(event.approval_id)
+        body = "\n".join(f"    {line}" for line in event.summary.splitlines())
+        still = "still waits to" if event.reminder else "wants to"
+        self._write(f"\nTandem {still} run `{event.tool}`:\n{body}\n"
+                    "Approve? [y]es / [n]o / [a]lways in this chat\n")
 
     def _finish(self, text: str, suspended: bool) -> None:
         if suspended:
@@ -117,9 +125,9 @@ class Console:
         stripped = line.strip()
         if self.pending and stripped.lower() in ANSWERS:
             return Decision(self.conv, self.user, self.pending[0], ANSWERS[stripped.lower()])
-        if self.pending and not stripped.startswith("/"):
+        if self.pending and not stripped.startswith("/") and self.pending[0] not in self.restored:
             self._write("Please answer y, n or a (or /stop).\n")
-            return None
+            return None  # a card shown again after a restart may be passed over instead
         if stripped in ("/stop", "/cancel"):
             return Cancel(self.conv, self.user)
         if stripped.startswith("/") and len(stripped) > 1:

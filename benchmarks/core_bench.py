@@ -117,15 +117,14 @@ def help_time(runs: int = 7) -> float:
     return statistics.median(samples)
 
 
-# A fresh Tandem in a child process (litellm not imported yet; preload started first, as
-# `tandem run` does): the first message starts the first model turn, and meanwhile a second
-# chat sends /help every 50 ms. argv: the fake model's api_base, the context window or "".
+# A fresh Tandem in a child process (litellm not imported yet, preload started where
+# `tandem run` starts it): the first message starts the first model turn at once, and
+# meanwhile a second chat sends /help every 50 ms. argv: the fake model's api_base, the
+# context window or "".
 FIRST_TURN_CHILD = """
-import asyncio, json, os, statistics, sys, tempfile, time
+import asyncio, json, os, shutil, statistics, sys, tempfile, time
 from pathlib import Path
 from bot import llm
-assert "litellm" not in sys.modules
-llm.preload()  # what `tandem run` does first (bot/main.py)
 from bot.app import build
 from bot.config import Config
 from bot.events import Command, ConvKey, Notice, TurnEnded, User, UserMessage
@@ -158,6 +157,8 @@ async def main(api_base, window):
     hub, dispatch = build(config)
     sink = dispatch.sinks["console"] = Sink()
     await hub.d.store.open()
+    assert "litellm" not in sys.modules
+    llm.preload()  # where bot/main.py starts it: before the platforms connect
     await hub.recover()
     user = User("u", "Ann")
     first, second = ConvKey("console", "first"), ConvKey("console", "second")
@@ -179,6 +180,7 @@ async def main(api_base, window):
     await hub.close()
     await hub.d.store.close()
     await llm.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"max_ms": max(waits) * 1000, "median_ms": statistics.median(waits) * 1000,
                       "samples": len(waits), "first_answer_s": answered}))
 

@@ -18,7 +18,8 @@ from bot.persona import Persona
 from bot.prompt import Prompt
 from bot.runner import Deps
 from bot.scheduler import Scheduler
-from bot.store import Store, open_store
+from bot.store import Store
+from bot.store.backends import open_store
 from bot.tools import Registry, Tool, ToolContext, files, memory, shell, tasks, web
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ def _persona(config: Config) -> list[tuple[str, str, str]]:
 
 async def _database(config: Config) -> list[tuple[str, str, str]]:
     from bot.errors import StoreError
-    from bot.store import open_store
+    from bot.store.backends import open_store
 
     store = open_store(config.store.path)
     try:

@@ -54,9 +54,12 @@ class Hub:
     async def recover(self) -> None:
         """After a start: repair unfinished turns once each, show and re-arm pending
         approvals, and process inbound that was recorded but never handled."""
-        early, self._early = self._early or set(), None
         await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put,
-                      early)
+                      self._take_early)
+
+    def _take_early(self) -> set[str]:
+        early, self._early = self._early or set(), None
+        return early
 
     async def close(self) -> None:
         """Stop every lane (running turns end as cancelled) and all timers."""

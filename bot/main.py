@@ -7,16 +7,14 @@ import contextlib
 import importlib
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from bot import llm, logs
+from bot.app import Dispatch, build
 from bot.config import Config
 from bot.errors import StoreError, TandemError
+from bot.hub import Hub
 from bot.store import Store
-
-if TYPE_CHECKING:  # imported by `_serve`, once litellm has begun loading
-    from bot.app import Dispatch
-    from bot.hub import Hub
 
 log = logging.getLogger("tandem")
 
@@ -29,10 +27,6 @@ class Platform(Protocol):
 def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
     logs.setup(level, config.secrets())
-    # First of all: litellm takes seconds to import. Loading in a thread while the core and
-    # the platforms start, it is ready sooner for the first message (turns that come
-    # earlier wait for it without blocking anything else).
-    llm.preload()
     try:
         return asyncio.run(_serve(config, chat))
     except StoreError:
@@ -40,8 +34,6 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
 
 
 async def _serve(config: Config, chat: bool) -> int:
-    from bot.app import build
-
     hub, dispatch = build(config)
     await hub.d.store.open()
     platforms: list[Platform] = []
@@ -49,6 +41,11 @@ async def _serve(config: Config, chat: bool) -> int:
         await _kill_orphans(hub.d.store)
         names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
+        # litellm takes seconds to import: it loads in a thread from here on, while the
+        # platforms connect and the core recovers (a turn that comes first waits for it,
+        # nothing else does). Not earlier: the start-up work before this point is Python,
+        # which the GIL would share with the import, delaying readiness for no gain.
+        llm.preload()
         for platform in platforms:
             await platform.start()
         if not names:

@@ -39,10 +39,11 @@ class Resume:
 
 async def recover(store: Store, convs: Conversations, approvals: Approvals,
                   emit: Callable[[Event], Awaitable[None]],
-                  put: Callable[[ConvKey, Inbound | Resume], None], early: set[str]) -> None:
+                  put: Callable[[ConvKey, Inbound | Resume], None],
+                  early: Callable[[], set[str]]) -> None:
     """Repair each unfinished turn once; show pending cards again (a terminal has no card
-    that stays on screen) and re-arm their timers; replay inbound never handled (`early`
-    holds refs this process accepted already)."""
+    that stays on screen) and re-arm their timers; replay inbound never handled (`early()`
+    gives the refs this process accepted already, taken right before the replay)."""
     for open_turn in await store.open_turns():
         row = await store.conversation_by_id(open_turn.conv_id)
         if row is None or row.session != open_turn.session:
@@ -57,9 +58,10 @@ async def recover(store: Store, convs: Conversations, approvals: Approvals,
             await emit(ApprovalRequested(row.key, approval.id, approval.tool, approval.summary,
                                          User(approval.requester), approval.remaining_s(),
                                          reminder=True))
+    accepted = early()
     for ref, kind, payload in await store.unprocessed_inbound():
         item = replay(kind, payload, ref)
-        if item is not None and ref not in early:
+        if item is not None and ref not in accepted:
             put(item.conv, item)
 
 

@@ -1,8 +1,8 @@
 """The store: one narrow async interface; no SQL outside its implementations.
 
 SQLite (`bot.store.sqlite`) is the embedded default; a PostgreSQL implementation
-would implement the same `Store` protocol. Callers build one with `open_store` and
-see only `Store`.
+would implement the same `Store` protocol. Callers build one with
+`bot.store.backends.open_store` and see only `Store`.
 
 Calls and turns are addressed by (conversation, session, ...): a new session starts
 its turn numbers again at 1, and providers reuse call ids such as `call_0`.
@@ -197,10 +197,3 @@ class Store(Protocol):
     async def untrack_process(self, pid: int) -> None: ...
     async def tracked_processes(self) -> list[int]: ...
     async def forget_processes(self) -> None: ...
-
-
-def open_store(path: str) -> Store:
-    """The store at `path` (SQLite), not yet opened: call `open()` before use."""
-    from bot.store.sqlite import SQLiteStore
-
-    return SQLiteStore(path)

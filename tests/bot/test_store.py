@@ -16,7 +16,8 @@ import pytest
 from bot.errors import StoreError
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, tool_result
-from bot.store import ApprovalRow, ConvRow, JobRow, Store, TurnRow, new_id, open_store
+from bot.store import ApprovalRow, ConvRow, JobRow, Store, TurnRow, new_id
+from bot.store.backends import open_store
 
 
 async def _sqlite(tmp_path: Path) -> Store:

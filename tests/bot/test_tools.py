@@ -22,7 +22,7 @@ from bot.app import default_tools, protected_paths
 from bot.config import Config, WebFetchConfig
 from bot.errors import PathRefused, ToolError
 from bot.events import ApprovalRequested, ConvKey, Decision, Verdict
-from bot.store import open_store
+from bot.store.backends import open_store
 from bot.tools import Tool, ToolContext
 from bot.tools import web as webtool
 from bot.tools.memory import MAX_FACT_CHARS

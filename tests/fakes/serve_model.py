@@ -18,10 +18,12 @@ from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
 
 def respond(messages: list[dict[str, Any]]) -> Reply:
+    if len(messages) > 1 and str(messages[-1].get("content")).startswith("[Current state"):
+        messages = messages[:-1]  # Tandem's state note comes last
     last = messages[-1]
     if last["role"] == "tool":
         return Reply(text=f"The tool answered:\n\n```\n{last['content'][:1500]}\n```")
-    text = str(last.get("content") or "").split("\n\n[Current state")[0]
+    text = str(last.get("content") or "")
     words = text.split("] ", 1)[-1]
     if words.startswith("run "):
         return Reply(tool_calls=[ToolCallSpec("shell", {"command": words[4:]})])
