@@ -46,20 +46,13 @@ class Hub:
         self.worker = Worker(self.runner, self.intake, access, scheduler)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals
-        self._early: set[str] | None = set()
-        """Refs accepted before `recover()` looked for unhandled inbound: already queued."""
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def recover(self) -> None:
         """After a start: repair unfinished turns once each, show and re-arm pending
         approvals, and process inbound that was recorded but never handled."""
-        await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put,
-                      self._take_early)
-
-    def _take_early(self) -> set[str]:
-        early, self._early = self._early or set(), None
-        return early
+        await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put)
 
     async def close(self) -> None:
         """Stop every lane (running turns end as cancelled) and all timers."""
@@ -84,8 +77,6 @@ class Hub:
             return receipt
         if isinstance(item, Cancel):
             return self.cancel(item)
-        if self._early is not None and item.ref is not None:
-            self._early.add(item.ref)
         if isinstance(item, Decision) and (refusal := await self.approvals.check(item)):
             return Receipt(False, refusal)
         if isinstance(item, UserMessage) and self.lanes.running(item.conv):

@@ -39,11 +39,11 @@ class Resume:
 
 async def recover(store: Store, convs: Conversations, approvals: Approvals,
                   emit: Callable[[Event], Awaitable[None]],
-                  put: Callable[[ConvKey, Inbound | Resume], None],
-                  early: Callable[[], set[str]]) -> None:
+                  put: Callable[[ConvKey, Inbound | Resume], None]) -> None:
     """Repair each unfinished turn once; show pending cards again (a terminal has no card
-    that stays on screen) and re-arm their timers; replay inbound never handled (`early()`
-    gives the refs this process accepted already, taken right before the replay)."""
+    that stays on screen) and re-arm their timers; replay inbound never handled. One
+    that this process took already too is queued twice, and starts one turn: the store
+    begins a turn only for inbound still open."""
     for open_turn in await store.open_turns():
         row = await store.conversation_by_id(open_turn.conv_id)
         if row is None or row.session != open_turn.session:
@@ -58,10 +58,9 @@ async def recover(store: Store, convs: Conversations, approvals: Approvals,
             await emit(ApprovalRequested(row.key, approval.id, approval.tool, approval.summary,
                                          User(approval.requester), approval.remaining_s(),
                                          reminder=True))
-    accepted = early()
     for ref, kind, payload in await store.unprocessed_inbound():
         item = replay(kind, payload, ref)
-        if item is not None and ref not in accepted:
+        if item is not None:
             put(item.conv, item)
 
 

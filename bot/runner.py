@@ -130,19 +130,24 @@ class Runner:
     # -- a new turn -------------------------------------------------------------------
 
     async def begin(self, conv: Conversation, texts: list[str], requester: str,
-                    unattended: bool, refs: list[str]) -> None:
-        """Store the turn's messages, trim once (this is the only trim of the turn)."""
+                    unattended: bool, refs: list[str]) -> bool:
+        """Store the turn's messages, trim once (this is the only trim of the turn).
+        False when its inbound was processed already (a second copy of it)."""
         number = conv.last_turn + 1
         row = conv.row
         stored = await self.d.store.begin_turn(
             row.id, row.session, [Msg("user", text, number) for text in texts], requester,
             unattended, refs)
+        if stored is None:
+            log.info("inbound %s in %s was processed already", refs, row.key)
+            return False
         for msg in stored:
             conv.append(msg)
         await self._trim(conv)
         ledger = conv.ledger if unattended else _forgive(conv.ledger, self.limits)
         conv.turn = t.TurnState(turn=number, max_steps=self.d.config.limits.max_steps,
                                 unattended=unattended, requester=requester, ledger=ledger)
+        return True
 
     async def _trim(self, conv: Conversation) -> None:
         window = await self.window()

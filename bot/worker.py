@@ -106,6 +106,7 @@ class Worker:
                 await self._command(conv, item)
 
     async def _messages(self, conv: Conversation, batch: list[UserMessage]) -> None:
+        batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
         texts, notes = self.intake.texts(batch)
         for note in notes:
             await self.d.emit(Notice(conv.row.key, note))
@@ -132,8 +133,8 @@ class Worker:
 
     async def _start(self, conv: Conversation, texts: list[str], requester: str,
                      unattended: bool, refs: list[str]) -> None:
-        await self.runner.begin(conv, texts, requester, unattended, refs)
-        await self._drive(conv)
+        if await self.runner.begin(conv, texts, requester, unattended, refs):
+            await self._drive(conv)
 
     async def _drive(self, conv: Conversation, *, resumed: bool = False) -> None:
         assert conv.turn is not None

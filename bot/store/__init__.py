@@ -124,10 +124,14 @@ class Store(Protocol):
     async def history(self, conv_id: int, session: int) -> list[Msg]:
         """The session's messages, oldest first."""
     async def begin_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
-                         requester: str, unattended: bool, refs: Sequence[str]) -> list[Msg]:
+                         requester: str, unattended: bool,
+                         refs: Sequence[str]) -> list[Msg] | None:
         """Store the turn's opening messages and a running turn row (numbered by
-        messages[0].turn) and mark the inbound `refs` done, in one commit. A turn that
-        already exists in this session is an error."""
+        messages[0].turn) and mark the inbound `refs` done, in one commit; returns the
+        messages as stored. None, and nothing stored, when `refs` were given and every
+        one of them was done already (a copy of inbound that was processed: this is
+        what makes each inbound start at most one turn). A turn that already exists in
+        this session is an error."""
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
                                usage: Usage | None = None) -> Msg:
         """The model's step, its tool calls (PENDING), the step count and usage, in one

@@ -192,8 +192,15 @@ class SQLiteStore(SQLiteStanding):
             "UPDATE inbound SET done=1 WHERE ref=?", [(r,) for r in refs]))
 
     async def begin_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
-                         requester: str, unattended: bool, refs: Sequence[str]) -> list[Msg]:
-        def fn(db: sqlite3.Connection) -> list[Msg]:
+                         requester: str, unattended: bool,
+                         refs: Sequence[str]) -> list[Msg] | None:
+        def fn(db: sqlite3.Connection) -> list[Msg] | None:
+            if refs:
+                marks = ",".join("?" * len(refs))
+                opened = db.execute(f"UPDATE inbound SET done=1 WHERE done=0 AND ref IN"
+                                    f" ({marks})", tuple(refs)).rowcount
+                if opened == 0:
+                    return None
             now = time.time()
             stored = [_insert_msg(db, conv_id, session, m, now) for m in messages]
             db.execute(
@@ -201,8 +208,6 @@ class SQLiteStore(SQLiteStanding):
                 " unattended, started_at) VALUES (?,?,?,?,?,?,?,?)",
                 (conv_id, session, messages[0].turn, "running", 0, requester,
                  int(unattended), now))
-            if refs:
-                db.executemany("UPDATE inbound SET done=1 WHERE ref=?", [(r,) for r in refs])
             return stored
 
         return await self._tx(fn)

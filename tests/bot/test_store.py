@@ -154,6 +154,20 @@ async def test_begin_turn_stores_messages_and_a_running_turn(store: Store) -> No
     assert await store.unprocessed_inbound() == []
 
 
+async def test_inbound_already_processed_begins_no_turn(store: Store) -> None:
+    conv = await store.conversation(KEY)
+    assert await store.accept_inbound("in-1", KEY, "message", "{}")
+    first = await store.begin_turn(conv.id, conv.session, [Msg("user", "hi", 1)], "u1", False,
+                                   ["in-1"])
+    assert first is not None
+    again = await store.begin_turn(conv.id, conv.session, [Msg("user", "hi", 2)], "u1", False,
+                                   ["in-1"])
+    assert again is None
+    assert await store.history(conv.id, conv.session) == first
+    assert (await store.last_turn(conv.id, conv.session)) == TurnRow(
+        conv.id, conv.session, 1, "running", 0, "u1", False, None)
+
+
 async def test_begin_turn_twice_for_one_turn_is_an_error(store: Store) -> None:
     conv = await started(store)
     with pytest.raises(StoreError):
