@@ -85,7 +85,7 @@ async def measure(history: int, turns: int, window: int) -> list[float]:
             "workspace": {"dir": f"{tmp}/ws"}})
         hub, dispatch = build(config, model=InstantModel(window))
         done = Done()
-        dispatch.sinks["bench"] = done
+        dispatch.sinks["console"] = done
         key = ConvKey("console", "c1")
         await hub.d.store.open()
         try:

@@ -117,7 +117,7 @@ async def store_per_turn(turns: int = 200) -> dict[str, float]:
         store = Counting(f"{tmp}/t.db")
         hub, dispatch = build(config, model=InstantModel(), store=store)
         done = Done()
-        dispatch.sinks["bench"] = done
+        dispatch.sinks["console"] = done
         await store.open()
         try:
             key, user = ConvKey("console", "1"), User("u", "Ann")

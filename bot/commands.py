@@ -6,6 +6,7 @@ the conversation should start afresh; the hub carries that out.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,7 +35,8 @@ class CommandContext:
     config: Config
     store: Store
     prompt: Prompt
-    window: int
+    window: Callable[[], Awaitable[int]]
+    """The context window (only `/status` asks: it may wait for the model library)."""
     running: bool
     """A turn of this conversation is running right now."""
     jobs: Jobs | None = None
@@ -73,7 +75,7 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
 async def status(ctx: CommandContext, conv: Conversation) -> str:
     row = await ctx.store.conversation(conv.row.key)
     ctx.prompt.system()  # the persona as it is now
-    used, window = ctx.prompt.used(conv), ctx.window
+    used, window = ctx.prompt.used(conv), await ctx.window()
     state = conv.turn
     running = "a turn is running" if ctx.running else "idle"
     if state is not None and not ctx.running:

@@ -70,6 +70,7 @@ def _platforms(config: Config) -> list[tuple[str, str, str]]:
 
 
 async def _model(config: Config) -> list[tuple[str, str, str]]:
+    from bot import llm as models
     from bot.errors import ModelError
     from bot.llm import Completion, LiteLLMClient
 
@@ -85,4 +86,6 @@ async def _model(config: Config) -> list[tuple[str, str, str]]:
         detail = f"{type(cause).__name__}" if cause else str(exc)
         return [("model", BAD, f"{config.llm.model} at {config.llm.api_base or 'default'}: "
                  f"{detail}. Check llm.model, llm.api_base and llm.api_key.")]
+    finally:
+        await models.close()  # litellm's HTTP clients, while this loop still runs
     return [("model", BAD, "the model returned no answer")]

@@ -87,8 +87,7 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
         conv.turn = state
         log.info("repairing turn %d of %s (%s)", last.turn, key, last.status)
         await runner.apply(conv, t.restart(state, limits, was_running=last.status == "running"))
-    conv.trim_to(runner.d.prompt.history_budget(conv, await runner.window()))
-    return conv
+    return conv  # trimmed when its next turn begins (that needs the model's window)
 
 
 async def _approval_id(store: Store, conv: Conversation, call: CallRow) -> str | None:

@@ -8,6 +8,7 @@ are its events emitted (an emit may hand control away for good).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -289,19 +290,21 @@ class Runner:
         chunks = 0
         state = conv.turn
         assert state is not None
-        async for item in self.d.model.stream(request.messages, self.d.tools.schemas()):
-            match item:
-                case Delta(text):
-                    chunks += 1
-                    if chunks % CANCEL_EVERY_CHUNKS == 0 and cancel.is_set():
-                        return None
-                    if text:
-                        scratch.text += text
-                        await self._progress(conv, state, Phase.THINKING, scratch)
-                case Restart():
-                    scratch.text = ""
-                case Completion():
-                    return item
+        stream = self.d.model.stream(request.messages, self.d.tools.schemas())
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                match item:
+                    case Delta(text):
+                        chunks += 1
+                        if chunks % CANCEL_EVERY_CHUNKS == 0 and cancel.is_set():
+                            return None
+                        if text:
+                            scratch.text += text
+                            await self._progress(conv, state, Phase.THINKING, scratch)
+                    case Restart():
+                        scratch.text = ""
+                    case Completion():
+                        return item
         raise ModelError("the model stream ended without a completion")
 
     # -- Decide: what the policy says -------------------------------------------------

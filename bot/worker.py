@@ -166,7 +166,7 @@ class Worker:
 
     async def _command(self, conv: Conversation, cmd: Command) -> None:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
-                             await self.runner.window(), self.lanes.running(conv.row.key),
+                             self.runner.window, self.lanes.running(conv.row.key),
                              self.scheduler)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
