@@ -106,8 +106,7 @@ class Runner:
                     now = time.time()
                     await self.d.store.add_approval(ApprovalRow(
                         approval_id, row.id, row.session, call_id, record.call.name, summary,
-                        state.requester, "pending", now, now + expires))
-                    await self.d.store.set_call(row.id, row.session, call_id, CallState.ASKING)
+                        state.requester, "pending", now, now + expires))  # call: ASKING
                     events.append(ApprovalRequested(row.key, approval_id, record.call.name,
                                                     summary, User(state.requester), expires))
                 case t.Resolve(approval_id, status, by):

@@ -170,7 +170,8 @@ class Store(Protocol):
     async def mark_inbound_done(self, refs: Sequence[str]) -> None: ...
 
     # -- approvals
-    async def add_approval(self, row: ApprovalRow) -> None: ...
+    async def add_approval(self, row: ApprovalRow) -> None:
+        """Record a pending approval and move its call to ASKING, in one commit."""
     async def approval(self, approval_id: str) -> ApprovalRow | None: ...
     async def approval_for_call(self, conv_id: int, session: int,
                                 call_id: str) -> ApprovalRow | None:

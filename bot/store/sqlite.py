@@ -256,10 +256,16 @@ class SQLiteStore(SQLiteStanding):
                       " created_at, expires_at, decided_by")
 
     async def add_approval(self, row: ApprovalRow) -> None:
-        await self._run(lambda db: db.execute(
-            f"INSERT INTO approvals ({self._APPROVAL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (row.id, row.conv_id, row.session, row.call_id, row.tool, row.summary,
-             row.requester, row.status, row.created_at, row.expires_at, row.decided_by)))
+        def fn(db: sqlite3.Connection) -> None:
+            db.execute(
+                f"INSERT INTO approvals ({self._APPROVAL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (row.id, row.conv_id, row.session, row.call_id, row.tool, row.summary,
+                 row.requester, row.status, row.created_at, row.expires_at, row.decided_by))
+            db.execute("UPDATE tool_calls SET state=?, updated_at=? WHERE conv_id=? AND"
+                       " session=? AND call_id=?", (CallState.ASKING.value, row.created_at,
+                                                    row.conv_id, row.session, row.call_id))
+
+        await self._tx(fn)
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
         def fn(db: sqlite3.Connection) -> ApprovalRow | None:

@@ -331,9 +331,11 @@ async def test_sessions_reuse_turn_numbers_and_call_ids_without_collision(
     new_c = call("call_0", arguments='{"command": "new"}')
     await store.begin_turn(conv.id, 2, [Msg("user", "new question", 1)], "bob", True, [])
     await store.append_assistant(conv.id, 2, asks(1, new_c), 1)
+    await store.add_approval(approval(conv, new_c.id, session=2, created_at=50.0))
+    [asked] = await store.turn_calls(conv.id, 2, 1)
+    assert asked.state is CallState.ASKING  # the approval and the call's state: one commit
     await store.set_call(conv.id, 2, new_c.id, CallState.FINISHED, Outcome.OK,
                          tool_result(new_c, "new output", 1))
-    await store.add_approval(approval(conv, new_c.id, session=2, created_at=50.0))
 
     # the older session is untouched: its turn row, its call and its approval
     assert await store.last_turn(conv.id, 1) == before
