@@ -251,13 +251,15 @@ class Runner:
 
     async def _record_step(self, conv: Conversation, state: t.TurnState,
                            completion: Completion, scratch: _Scratch) -> None:
-        calls = tuple(replace(c, id=conv.unique_call_id(c.id)) for c in completion.tool_calls)
-        conv.call_ids.update(c.id for c in calls)
-        new = t.model_step(state, calls)
+        calls = []
+        for call in completion.tool_calls:  # ids unique in the session, within a step too
+            calls.append(replace(call, id=conv.unique_call_id(call.id)))
+            conv.call_ids.add(calls[-1].id)
+        new = t.model_step(state, tuple(calls))
         usage = None
         if completion.prompt_tokens is not None:
             usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
-        msg = Msg("assistant", completion.text, state.turn, calls)
+        msg = Msg("assistant", completion.text, state.turn, tuple(calls))
         if calls:
             conv.append(await self.d.store.append_assistant(
                 conv.row.id, conv.row.session, msg, new.steps, usage))

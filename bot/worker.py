@@ -115,7 +115,7 @@ class Worker:
             await self.d.store.mark_inbound_done(refs)
             return
         if conv.turn is not None:
-            await self.runner.apply(conv, t.supersede(
+            await self._end_waiting(conv, t.supersede(
                 conv.turn, self.runner.limits, "the user sent a new message instead of deciding"))
         await self._start(conv, texts, batch[-1].user.id, False, refs)
 
@@ -162,7 +162,7 @@ class Worker:
             text = "Nothing is running." if item.turn is None else "That turn is already over."
             await self.d.emit(Notice(conv.row.key, text, ephemeral_to=item.user))
             return
-        await self.runner.apply(conv, t.cancel_waiting(state, self.runner.limits, item.user))
+        await self._end_waiting(conv, t.cancel_waiting(state, self.runner.limits, item.user))
 
     async def _command(self, conv: Conversation, cmd: Command) -> None:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
@@ -171,12 +171,19 @@ class Worker:
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
                 if conv.turn is not None:
-                    await self.runner.apply(conv, t.supersede(
+                    await self._end_waiting(conv, t.supersede(
                         conv.turn, self.runner.limits, "the conversation was reset"))
                 await self.d.store.new_session(conv.row.id)
                 self.convs.drop(conv.row.key)
             else:
                 await self.d.emit(out)
+
+    async def _end_waiting(self, conv: Conversation, step: t.Step) -> None:
+        """End a turn that waits for a human; its cards' timers go too."""
+        await self.runner.apply(conv, step)
+        for effect in step.effects:
+            if isinstance(effect, t.Resolve):
+                self.approvals.disarm(effect.approval_id)
 
     async def _safe_emit(self, event: Event) -> None:
         with contextlib.suppress(Exception):
