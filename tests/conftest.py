@@ -16,7 +16,7 @@ import pytest
 
 from bot.app import build
 from bot.config import Config
-from bot.events import ConvKey, Event, TurnEnded, User, UserMessage
+from bot.events import ApprovalRequested, ConvKey, Event, TurnEnded, User, UserMessage
 from bot.hub import Hub
 from tests.fakes.model_server import FakeModelServer
 
@@ -132,3 +132,19 @@ def config_factory(tmp_path: Path, model: FakeModelServer) -> Callable[..., Conf
         return make_config(tmp_path, model, **overrides)
 
     return factory
+
+
+class HoldCards:
+    """A sink that holds the next approval card until released (and forwards everything)."""
+
+    def __init__(self, sink: Recorder) -> None:
+        self.sink = sink
+        self.posting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def emit(self, event: Event) -> None:
+        if (isinstance(event, ApprovalRequested) and not event.reminder
+                and not self.posting.is_set()):
+            self.posting.set()
+            await self.release.wait()
+        await self.sink.emit(event)

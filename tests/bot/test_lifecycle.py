@@ -6,7 +6,6 @@ SQLite store, the real litellm client and the strict fake model.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sqlite3
@@ -31,7 +30,7 @@ from bot.events import (
     Verdict,
 )
 from bot.history import CallState
-from tests.conftest import Core
+from tests.conftest import Core, HoldCards
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
 
@@ -71,27 +70,12 @@ async def test_a_restart_keeps_the_other_calls_of_a_suspended_turn(
     assert not any("interrupted" in r for r in results)
 
 
-class _SlowCards:
-    """A sink that is slow to post approval cards (and records everything)."""
-
-    def __init__(self, core: Core) -> None:
-        self.core = core
-        self.posting = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def emit(self, event: Event) -> None:
-        if isinstance(event, ApprovalRequested) and not event.reminder:
-            self.posting.set()
-            await self.release.wait()
-        await self.core.sink.emit(event)
-
-
 async def test_cancel_while_the_card_is_posted_closes_the_card(
         model: FakeModelServer, config_factory: Any) -> None:
     config = config_factory()
     model.script(shell("touch never"))
     async with Core(config) as core:
-        slow = _SlowCards(core)
+        slow = HoldCards(core.sink)
         core.dispatch.sinks["console"] = slow
         await core.say("touch it")
         await slow.posting.wait()

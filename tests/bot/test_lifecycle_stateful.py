@@ -43,7 +43,6 @@ from bot.events import (
     Cancel,
     Command,
     Decision,
-    Event,
     Notice,
     Suspended,
     Trigger,
@@ -51,7 +50,7 @@ from bot.events import (
     User,
     Verdict,
 )
-from tests.conftest import Core, Recorder, make_config
+from tests.conftest import Core, HoldCards, Recorder, make_config
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec, validate_messages
 
 T = TypeVar("T")
@@ -83,22 +82,6 @@ def spec(kind: str, n: int, fixed: bool) -> ToolCallSpec:
             return ToolCallSpec("list_dir", {"path": "."}, call_id)
         case _:
             return ToolCallSpec("no_such_tool", {"n": n}, call_id)
-
-
-class _HoldCards:
-    """A sink that holds the next approval card until released (and forwards everything)."""
-
-    def __init__(self, sink: Recorder) -> None:
-        self.sink = sink
-        self.posting = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def emit(self, event: Event) -> None:
-        if (isinstance(event, ApprovalRequested) and not event.reminder
-                and not self.posting.is_set()):
-            self.posting.set()
-            await self.release.wait()
-        await self.sink.emit(event)
 
 
 class LifecycleMachine(RuleBasedStateMachine):
@@ -297,7 +280,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     async def _cancel_while_posted(self) -> None:
         core = self.c
-        hold = _HoldCards(core.sink)
+        hold = HoldCards(core.sink)
         core.dispatch.sinks["console"] = hold
         waits: set[asyncio.Future[Any]] = set()
         try:
