@@ -58,7 +58,9 @@ def _platforms(config: Config) -> list[tuple[str, str, str]]:
         elif not config.telegram.allowed_users:
             out.append(("telegram", WARN, "telegram.allowed_users is empty: nobody can talk"))
         else:
-            out.append(("telegram", OK, f"{len(config.telegram.allowed_users)} allowed users"))
+            users = config.telegram.allowed_users
+            who = "everyone may talk (\"*\")" if "*" in users else f"{len(users)} allowed users"
+            out.append(("telegram", OK, who))
     if config.slack.enabled:
         need = ["bot_token", "app_token" if config.slack.mode == "socket" else "signing_secret"]
         missing = [k for k in need if not getattr(config.slack, k)]

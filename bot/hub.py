@@ -38,7 +38,6 @@ class Sink(Protocol):
 class Hub:
     def __init__(self, deps: Deps, access: Access, scheduler: Scheduler) -> None:
         self.d = deps
-        self.config = deps.config
         self.runner = Runner(deps)
         self.access = access
         self.scheduler = scheduler
