@@ -5,7 +5,8 @@ TandemError
 ├── ContextOverflowError   the system prompt alone does not fit the context window
 ├── ModelError             the model could not be reached or refused the request
 │   ├── ModelRateLimited   still rate limited after retries
-│   └── ModelStreamCut     the model's answer stopped mid-way (after retries)
+│   ├── ModelStreamCut     the model's answer stopped mid-way (after retries)
+│   └── TurnTooLong        this turn alone no longer fits the context window
 ├── ToolError              a tool refused or failed (its text goes to the model, not the user)
 │   └── PathRefused        a path outside the workspace or a protected file
 └── StoreError             the database is unusable
@@ -49,6 +50,10 @@ class ModelStreamCut(ModelError):
         self.cause = cause
 
 
+class TurnTooLong(ModelError):
+    """Even without older turns, this turn does not fit the model's context window."""
+
+
 class ToolError(TandemError):
     pass
 
@@ -66,6 +71,8 @@ USER_MESSAGES: dict[type[TandemError], str] = {
     "an admin needs to shorten the persona files or raise llm.context_window.",
     ModelRateLimited: "The model is rate limited right now. Please try again in a minute.",
     ModelStreamCut: "The model's answer was cut off mid-way ({cause}); please try again.",
+    TurnTooLong: "This turn no longer fits the model's context window, even without older "
+    "messages. Send /new to start afresh.",
     ModelError: "The model could not be reached. Please try again in a moment.",
     StoreError: "Tandem's database is unavailable. Please try again shortly.",
 }

@@ -20,7 +20,7 @@ from bot import turn as t
 from bot.breakers import Ledger
 from bot.config import Breakers, Config
 from bot.conversation import Conversation
-from bot.errors import USER_MESSAGES, ModelError, ToolError, user_message
+from bot.errors import ModelError, ToolError, TurnTooLong, user_message
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -247,7 +247,7 @@ class Runner:
             try:
                 return await self._complete(conv, request, cancel, scratch)
             except ContextExceeded as exc:
-                raise TooLong(str(exc)) from exc
+                raise TurnTooLong(str(exc)) from exc
 
     async def _record_step(self, conv: Conversation, state: t.TurnState,
                            completion: Completion, scratch: _Scratch) -> None:
@@ -384,14 +384,6 @@ def _forgive(ledger: Ledger, limits: Breakers) -> Ledger:
         if ledger.failures(name) >= limits.same_call_failures:
             ledger = ledger.record(name, "{}", Outcome.OK)
     return ledger
-
-
-class TooLong(ModelError):
-    """Even without older turns, this turn does not fit the model's context window."""
-
-
-USER_MESSAGES[TooLong] = ("This turn no longer fits the model's context window, even "
-                          "without older messages. Send /new to start afresh.")
 
 
 def _tool_outcome(task: asyncio.Future[str], name: str, limit: int) -> tuple[Outcome, str]:
