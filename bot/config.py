@@ -144,6 +144,8 @@ class SlackConfig(Section):
     allowed_users: list[SlackUser] = Field(default_factory=list)
     """User ids, or "*" for every member of the bot's workspace; empty means nobody."""
     approvers: list[SlackApprover] = Field(default_factory=list)
+    team_id: str | None = None
+    """The bot's workspace; when unset, `auth.test` tells it at start."""
     http: SlackHTTP = Field(default_factory=SlackHTTP)
 
 
@@ -156,6 +158,12 @@ class WebFetchConfig(Section):
     allow_private: bool = False
     max_bytes: int = 2_000_000
     timeout_s: float = 20.0
+
+
+class MemoryConfig(Section):
+    scope: Literal["conversation", "user", "global"] = "conversation"
+    """Whose prompt a `remember` note enters: this conversation's, this user's (in every
+    conversation), or every conversation's (the persona's own USER.md / MEMORY.md)."""
 
 
 class ToolsConfig(Section):
@@ -173,6 +181,7 @@ class Config(Section):
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     source: str | None = None
     """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
