@@ -11,9 +11,15 @@ first reply in an unknown thread costs one `conversations.replies`: the thread i
 Tandem has posted in it. Threads found inactive are remembered too, so a busy channel costs
 at most one look-up per thread per process. Nothing about threads goes in the store.
 
+Tandem serves one workspace: `slack.team_id`, else the one `auth.test` names at start
+(with neither, it does not start). An event, button press or slash command that names
+another workspace (the envelope's `team_id`, the event's `team`/`user_team`, the press's
+`team.id`/`user.team_id`) is acked and dropped before any listener sees it, in both modes;
+each such workspace is logged once. A payload that names none is let through.
+
 Every event is acked by bolt before any work; button presses and slash commands call
 `ack()` first. Inbound is handed to `Hub.submit`, which checks access first
-(`bot.access`: ids, and for `"*"` the user's workspace against the bot's) and returns at
+(`bot.access`: ids, and the user's workspace against the bot's) and returns at
 once; a stranger gets the hub's refusal, privately. Each message's
 ref `slack:<channel>:<ts>` makes the `app_mention`/`message` pair, Slack's retries and
 Socket Mode redeliveries collapse into one answer, across restarts too.
@@ -35,6 +41,8 @@ import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_bolt.request.internals import parse_body
+from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -108,21 +116,61 @@ def _retry_after(exc: BaseException) -> float | None:
 
 def _signed_only(secret: str) -> Any:
     """Refuse (401) anything not signed with `secret` within 5 minutes, malformed headers
-    included, before bolt parses it."""
+    and bodies that are not UTF-8 (Slack's signature is over UTF-8 text) included, and
+    (400, one log line) a signed body bolt could not read, before bolt parses it: bolt
+    would answer that with a 500, which Slack retries."""
     verifier = SignatureVerifier(secret)
+
+    def signed(body: bytes, stamp: str, signature: str) -> bool:
+        try:
+            return stamp.isdigit() and verifier.is_valid(body=body.decode(), timestamp=stamp,
+                                                         signature=signature)
+        except UnicodeDecodeError:
+            return False
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         body = await request.read()
-        stamp = request.headers.get("X-Slack-Request-Timestamp", "")
-        signature = request.headers.get("X-Slack-Signature", "")
-        if not stamp.isdigit() or not verifier.is_valid(body=body, timestamp=stamp,
-                                                         signature=signature):
+        if not signed(body, request.headers.get("X-Slack-Request-Timestamp", ""),
+                      request.headers.get("X-Slack-Signature", "")):
             return web.json_response({"error": "invalid request"}, status=401)
+        problem = _unreadable(body, request.content_type, request.charset)
+        if problem is not None:
+            log.warning("slack: refused a signed request whose body is %s", problem)
+            return web.json_response({"error": "invalid payload"}, status=400)
         response: web.StreamResponse = await handler(request)
         return response
 
     return check
+
+
+def _unreadable(raw: bytes, content_type: str, charset: str | None) -> str | None:
+    """What is wrong with a request body, read the way bolt reads it (JSON, or a form with
+    a JSON `payload`, or a slash command's form); None when nothing is."""
+    try:
+        body = parse_body(raw.decode(charset or "utf-8"), content_type)
+    except (UnicodeDecodeError, LookupError):
+        return f"not {charset or 'UTF-8'} text"
+    except ValueError:
+        return "not valid JSON"
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    if isinstance(body.get("type"), str) or "command" in body or "ssl_check" in body:
+        return None
+    return "without a type"
+
+
+def _home_team(configured: str | None, auth: AsyncSlackResponse) -> str:
+    """The bot's workspace: `slack.team_id`, which must be the token's, else the token's
+    as `auth.test` names it. Without one, Tandem could not tell members from outsiders."""
+    told = _str(auth.get("team_id"))
+    if configured and told and configured != told:
+        raise ConfigError("slack.team_id", f"is {configured}, but slack.bot_token belongs "
+                          f"to the workspace {told}")
+    if not (configured or told):
+        raise ConfigError("slack.team_id", "is not set and Slack's auth.test did not name "
+                          "the bot's workspace; set it to the workspace id (T…)")
+    return configured or told
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -174,6 +222,8 @@ class SlackAdapter:
         self._names: OrderedDict[str, str] = OrderedDict()
         self._told: OrderedDict[str, bool] = OrderedDict()
         """Strangers already told (once per process) that Tandem does not serve them."""
+        self._foreign: OrderedDict[str, bool] = OrderedDict()
+        """Other workspaces whose payloads were dropped (each is logged once)."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -193,7 +243,11 @@ class SlackAdapter:
             await self.stop()
             raise SlackUnavailable(f"slack: cannot reach {base} ({type(exc).__name__})") from None
         self.bot_user, self.bot_id = str(auth["user_id"]), str(auth.get("bot_id") or "")
-        self.team = _str(auth.get("team_id")) or None
+        try:
+            self.team = _home_team(self.slack.team_id, auth)
+        except ConfigError:
+            await self.stop()
+            raise
         self.hub.access.set_home_team(PLATFORM, self.team)  # "*" means: this workspace
         if self.hub.access.nobody(PLATFORM):
             log.warning("slack.allowed_users is empty: nobody can use Tandem on Slack")
@@ -237,11 +291,26 @@ class SlackAdapter:
     def _build_app(self) -> AsyncApp:
         app = AsyncApp(client=self._client, signing_secret=self.slack.signing_secret or "",
                        name="tandem")
+        app.use(self._same_workspace)
         app.event("app_mention")(self._on_event)
         app.event("message")(self._on_event)  # also acks the subtypes Tandem ignores
         app.action(re.compile(".*"))(self._on_action)
         app.command("/tandem")(self._on_command)
         return app
+
+    async def _same_workspace(self, body: dict[str, Any], resp: BoltResponse,
+                              next_: Callable[[], Awaitable[None]]) -> BoltResponse:
+        """Bolt middleware: a payload that names another workspace is acked (an empty 200)
+        and goes no further; nothing of it reaches a listener or the core."""
+        foreign = sorted(render.teams(body) - {self.team or ""})
+        if not foreign:
+            await next_()
+            return resp
+        if foreign[0] not in self._foreign:
+            _remember(self._foreign, foreign[0])
+            log.warning("slack: ignoring payloads from workspace %s (this bot serves %s); "
+                        "later ones from it are not logged", foreign[0], self.team)
+        return BoltResponse(status=200, body="")
 
     async def stop(self) -> None:
         self._closed = True
@@ -634,7 +703,8 @@ class SlackAdapter:
                 return
             except SlackApiError:
                 log.warning("slack: could not update the card %s", ts, exc_info=True)
-        await self._post(event.conv, line)
+        # The line is mrkdwn already (its mention included), not Markdown to convert.
+        await self._post_blocks(event.conv, line, [render.section(line)])
 
     async def _react(self, conv: ConvKey, ref: str | None) -> None:
         prefix = f"slack:{conv.chat_id}:"

@@ -45,8 +45,10 @@ _USER_ID = re.compile(r"[UW][A-Z0-9]+")
 
 _FENCED = re.compile(r"```[^\n`]*\n?(.*?)(?:```|\Z)", re.S)
 _INLINE_CODE = re.compile(r"`([^`\n]+)`")
-_MENTION = re.compile(r"<@[UW][A-Z0-9]+>")
-_LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*<?([^)\s<>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_LINK_TARGET = re.compile(r"(?:https?://|mailto:)\S", re.I)
+"""What a Markdown link may point at. Anything else (`!here`, `@U…`, `#C…`, `slack://`)
+would be a mention or a command to Slack, so it stays text."""
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)", re.M)
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
@@ -58,8 +60,19 @@ _SLOT = "\x02"  # protected spans (code, links) while the rest is converted
 
 
 def escape(text: str) -> str:
-    """Slack's three control characters."""
+    """Slack's three control characters. Escaped, `<!here>` or `<@U…>` is shown as typed
+    and pings nobody."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _link(match: re.Match[str]) -> str | None:
+    """A Markdown link as a Slack link `<url|text>`, or None when its target is not a web
+    or mail address. Neither part can end the link early: a `|` in the address is
+    percent-encoded, one in the text becomes `¦`, and `<`, `>` are escaped."""
+    text, url = match.group(1), match.group(2)
+    if not _LINK_TARGET.match(url):
+        return None
+    return f"<{escape(url).replace('|', '%7C')}|{escape(text).replace('|', '¦')}>"
 
 
 @lru_cache(maxsize=512)
@@ -77,6 +90,7 @@ def to_mrkdwn(markdown: str) -> str:
 
 
 def _inline(text: str) -> str:
+    text = text.replace(_SLOT, "").replace(_STAR, "")  # the markers are Tandem's alone
     slots: list[str] = []
 
     def keep(rendered: str) -> str:
@@ -84,16 +98,20 @@ def _inline(text: str) -> str:
         return f"{_SLOT}{len(slots) - 1}{_SLOT}"
 
     text = _INLINE_CODE.sub(lambda m: keep(f"`{escape(m.group(1))}`"), text)
-    text = _MENTION.sub(lambda m: keep(m.group(0)), text)  # a user mention, never <!here>
-    text = _LINK.sub(lambda m: keep(f"<{escape(m.group(2))}|"
-                                    f"{escape(m.group(1)).replace('|', '¦')}>"), text)
+    text = _LINK.sub(lambda m: keep(link) if (link := _link(m)) else m.group(0), text)
     text = _QUOTE.sub(r"\1>", escape(text))
     text = _HEADING.sub(lambda m: f"{_STAR}{m.group(1).replace('**', '')}{_STAR}", text)
     text = _BULLET.sub(r"\1• ", text)
     text = _BOLD.sub(lambda m: f"{_STAR}{m.group(1) or m.group(2)}{_STAR}", text)
     text = _ITALIC.sub(r"_\1_", text)
     text = _STRIKE.sub(r"~\1~", text).replace(_STAR, "*")
-    return re.sub(f"{_SLOT}(\\d+){_SLOT}", lambda m: slots[int(m.group(1))], text)
+    return _filled(text, slots)
+
+
+def _filled(text: str, slots: list[str]) -> str:
+    """The protected spans back in place, also those inside another (code in a link)."""
+    return re.sub(f"{_SLOT}(\\d+){_SLOT}", lambda m: _filled(slots[int(m.group(1))], slots),
+                  text)
 
 
 # ---- blocks ----------------------------------------------------------------------------
@@ -311,6 +329,20 @@ def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
     return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, user,
                     team if isinstance(team, str) else None, slack_text(raw, bot_user),
                     thread, dm or mentioned, dm, attachments)
+
+
+def teams(body: dict[str, Any]) -> set[str]:
+    """Every workspace a Slack payload names: an Events API envelope's `team_id` and its
+    event's `team` and `user_team`; a button press's `team.id` and `user.team_id`; a slash
+    command's `team_id`. Empty when none does."""
+    def part(key: str) -> dict[str, Any]:
+        value = body.get(key)
+        return value if isinstance(value, dict) else {}
+
+    event, team, user = part("event"), part("team"), part("user")
+    named = (body.get("team_id"), event.get("team"), event.get("user_team"),
+             team.get("id"), user.get("team_id"))
+    return {t for t in named if isinstance(t, str) and t}
 
 
 def parse_command(text: str) -> tuple[str, str] | None:

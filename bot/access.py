@@ -10,9 +10,12 @@ Rules, per platform (`telegram`, `slack`):
 * Ids are compared as strings (Telegram's numeric ids included); display names never count.
 * Fail closed: an empty `allowed_users` lets nobody in, and so does a platform with no rules.
 * Approvers are always allowed, whatever `allowed_users` says.
-* `"*"` in `allowed_users` lets everyone in. On Slack that means members of the bot's own
-  workspace: a user whose team is known and differs from the bot's team (once the adapter
-  has told it with `set_home_team`) is refused, unless their id is listed explicitly.
+* `"*"` in `allowed_users` lets everyone in.
+* On Slack, Tandem serves the bot's own workspace only: once the adapter has told it with
+  `set_home_team`, a user whose team is known and differs is refused, whatever the lists
+  say (`"*"` means this workspace's members; a listed id or an approver from another
+  workspace is someone else). The adapter drops such payloads before they get here; this
+  rule holds even so.
 * The console platform (the local terminal user) is always allowed.
 * A `Trigger` comes from the scheduler, not from a person: always allowed.
 """
@@ -95,11 +98,9 @@ class Access:
         if platform in self._local:
             return True
         rules = self._rules.get(platform)
-        if rules is None or not user.id:
+        if rules is None or not user.id or not self._in_home(platform, user):
             return False
-        if user.id in rules.allowed or user.id in rules.approvers:
-            return True
-        return rules.everyone and self._in_home(platform, user)
+        return user.id in rules.allowed or user.id in rules.approvers or rules.everyone
 
     def is_approver(self, platform: str, user_id: str | int) -> bool:
         """`user_id` may decide anyone's approvals on `platform`."""
@@ -149,8 +150,7 @@ class Access:
         self._logged[key] = None
         while len(self._logged) > LOGGED_STRANGERS:
             self._logged.popitem(last=False)
-        rules = self._rules.get(platform)
-        if rules is not None and rules.everyone and not self._in_home(platform, user):
+        if not self._in_home(platform, user):
             why = f"from workspace {user.team}, not this bot's {self._home.get(platform)}"
         else:
             why = f"not in {platform}.allowed_users"

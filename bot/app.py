@@ -8,14 +8,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot import redact
 from bot.access import Access
 from bot.config import Config
 from bot.conversation import Conversation
 from bot.events import Event
 from bot.hub import Hub, Sink
 from bot.llm import LiteLLMClient, ModelClient
+from bot.memory import scope_dir
 from bot.persona import Persona
 from bot.prompt import Prompt
+from bot.redact import Redactor
 from bot.runner import Deps
 from bot.scheduler import Scheduler
 from bot.store import Store
@@ -26,17 +29,18 @@ log = logging.getLogger(__name__)
 
 
 class Dispatch:
-    """Routes each outbound event to the sink of its platform."""
+    """Routes each outbound event, redacted, to the sink of its platform."""
 
-    def __init__(self) -> None:
+    def __init__(self, redactor: Redactor | None = None) -> None:
         self.sinks: dict[str, Sink] = {}
+        self.redactor = redactor or Redactor()
 
     async def emit(self, event: Event) -> None:
         sink = self.sinks.get(event.conv.platform)
         if sink is None:
             log.warning("no sink for platform %s; event dropped", event.conv.platform)
             return
-        await sink.emit(event)
+        await sink.emit(self.redactor.event(event))
 
 
 def default_tools() -> list[Tool]:
@@ -65,22 +69,27 @@ class ToolEnv:
 
     def __call__(self, conv: Conversation) -> ToolContext:
         config = self.config
+        requester = conv.turn.requester if conv.turn else ""
+        persona = Path(config.persona.dir)
         return ToolContext(
             workspace=Path(config.workspace.dir), protected=self.protected, env=self.env,
             shell_timeout_s=config.limits.shell_timeout_s,
             output_chars=config.limits.tool_output_chars,
-            extras={"conv": conv.row, "persona_dir": Path(config.persona.dir),
+            extras={"conv": conv.row, "persona_dir": persona,
+                    "memory_dir": scope_dir(persona, config.memory.scope, conv.row.key,
+                                            requester),
                     "track_process": self.store.track_process,
                     "untrack_process": self.store.untrack_process, "scheduler": self.scheduler,
                     "web_fetch": config.tools.web_fetch,
                     "persona_max_chars": config.persona.max_file_chars,
-                    "requester": conv.turn.requester if conv.turn else ""})
+                    "requester": requester})
 
 
 def build(config: Config, *, model: ModelClient | None = None, store: Store | None = None,
           tools: Iterable[Tool] | None = None) -> tuple[Hub, Dispatch]:
     """The hub with its dependencies; the caller opens the store and adds sinks."""
-    dispatch = Dispatch()
+    redactor = redact.known(config.secrets())
+    dispatch = Dispatch(redactor)
     store = store or open_store(config.store.path)
     persona = Persona(config.persona.dir, config.persona.max_file_chars)
     registry = Registry(default_tools() if tools is None else tools)
@@ -89,7 +98,7 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
                   shell.clean_env(dict(os.environ), config.secrets()))
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
-                emit=dispatch.emit, tool_context=env)
+                emit=dispatch.emit, tool_context=env, redact=redactor)
     hub = Hub(deps, Access.from_config(config), scheduler)
     scheduler.deliver = hub.deliver
     return hub, dispatch

@@ -74,7 +74,6 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
 
 async def status(ctx: CommandContext, conv: Conversation) -> str:
     row = await ctx.store.conversation(conv.row.key)
-    ctx.prompt.system()  # the persona as it is now
     used, window = ctx.prompt.used(conv), await ctx.window()
     state = conv.turn
     running = "a turn is running" if ctx.running else "idle"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 from pathlib import Path
 
 from bot.config import Config
+from bot.file_modes import too_open
 from bot.persona import Persona
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
@@ -17,6 +19,7 @@ def doctor(config: Config) -> int:
     results = [("config", OK, f"loaded from {config.source or 'built-in defaults'}")]
     results += _persona(config)
     results += asyncio.run(_database(config))
+    results += privacy(config)
     results += _platforms(config)
     results += asyncio.run(_model(config))
     for name, status, text in results:
@@ -48,6 +51,36 @@ async def _database(config: Config) -> list[tuple[str, str, str]]:
         await store.close()
     status = OK if check == "ok" else BAD
     return [("database", status, f"{Path(config.store.path)}: integrity {check}")]
+
+
+def _private_paths(config: Config) -> list[Path]:
+    """What holds conversations or memory: the database and its folder, the persona's
+    USER.md and MEMORY.md, and its `memory/` folder with everything in it."""
+    paths = []
+    if config.store.path != ":memory:":
+        db = Path(config.store.path)
+        paths += [db.parent, db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+    persona = Path(config.persona.dir)
+    paths += [persona / "USER.md", persona / "MEMORY.md"]
+    memory = persona / "memory"
+    if memory.is_dir():
+        paths += [memory, *sorted(memory.rglob("*"))]
+    return paths
+
+
+def privacy(config: Config) -> list[tuple[str, str, str]]:
+    """Warn when other users of the machine can open the database or the memory files."""
+    open_ = [p for p in _private_paths(config) if too_open(p)]
+    if not open_:
+        return [("privacy", OK, "the database and memory files are private to this user")]
+    fixes = []
+    for command, group in (("chmod 600", [p for p in open_ if not p.is_dir()]),
+                           ("chmod 700", [p for p in open_ if p.is_dir()])):
+        if group:
+            fixes.append(" ".join([command, *(shlex.quote(str(p)) for p in group)]))
+    names = ", ".join(str(p) for p in open_)
+    return [("privacy", WARN, f"other users of this machine can open {names}, which hold "
+             f"conversations or memory. Fix: {'; '.join(fixes)}")]
 
 
 def _platforms(config: Config) -> list[tuple[str, str, str]]:

@@ -157,6 +157,8 @@ class ApprovalRequested:
     expires_in_s: int
     reminder: bool = False
     """Shown again after a restart: platforms whose card stays on screen skip it."""
+    reason: str | None = None
+    """Why a human is asked although the policy allows the tool (tainted content)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Iterable
 
+from bot import redact
 from bot.errors import ModelError
-
-_TOKEN_PATTERNS = re.compile(
-    r"(xox[abprs]-[A-Za-z0-9-]{8,}|xapp-[A-Za-z0-9-]{8,}|sk-[A-Za-z0-9_-]{12,}"
-    r"|\b\d{6,12}:[A-Za-z0-9_-]{30,}\b)")
 
 
 class Redactor(logging.Filter):
+    """Every record's message and traceback through Tandem's one redaction pass."""
+
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "[secret]")
-        return _TOKEN_PATTERNS.sub("[secret]", text)
+        self.redact = redact.Redactor(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -9,7 +9,7 @@ import logging
 import signal
 from typing import Any, Protocol
 
-from bot import llm, logs
+from bot import llm, logs, redact
 from bot.app import Dispatch, build
 from bot.config import Config
 from bot.errors import StoreError, TandemError
@@ -26,7 +26,7 @@ class Platform(Protocol):
 
 def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
-    logs.setup(level, config.secrets())
+    logs.setup(level, [*config.secrets(), *redact.environment_secrets()])
     try:
         return asyncio.run(_serve(config, chat))
     except StoreError:

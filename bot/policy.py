@@ -1,23 +1,28 @@
 """The approval policy: what a tool call may do before any human is involved.
 
 Per tool `allow | ask | deny` (config over the tool's default), standing "always"
-rules for the exact command or path in a conversation, and unattended runs (nobody
-to ask: denied unless configured to ask). The breakers run before this, in
-`bot.turn.decide`.
+rules for the exact command or path in a conversation, unattended runs (nobody to ask:
+denied unless configured to ask), and the taint rule (`bot.taint`): while the model can
+see untrusted content, a call that writes lasting state or sends data out asks a human
+whatever its policy, and an unattended run never makes one without a standing rule.
+The breakers run before this, in `bot.turn.decide`.
 """
 
 from __future__ import annotations
 
+from bot import taint
 from bot import turn as t
 from bot.config import Config
 from bot.errors import ToolError
-from bot.history import Outcome, ToolCall
+from bot.history import Msg, Outcome, ToolCall
 from bot.store import Store, new_id
 from bot.tools import Registry, parse_arguments
 
 
 async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
-                  call: ToolCall, *, unattended: bool) -> t.Verdict:
+                  call: ToolCall, *, unattended: bool, window: list[Msg] | None = None,
+                  turn: int = 0) -> t.Verdict:
+    """`window` is what the model sees (for the taint rule) and `turn` the current one."""
     tool = tools.get(call.name)
     if tool is None:
         return t.Refuse(Outcome.ERROR, f"error: there is no tool named `{call.name}`; "
@@ -31,7 +36,17 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
     if policy == "deny":
         return t.Refuse(Outcome.DENIED,
                         f"denied: the `{call.name}` tool is disabled by Tandem's policy")
-    if policy == "allow" or await store.has_rule(conv_id, call.name, tool.rule_key(args)):
+    if await store.has_rule(conv_id, call.name, tool.rule_key(args)):
+        return t.Allow()  # a human allowed this exact call here for good
+    found = taint.taint(window, tools) if window and (tool.lasting or tool.reaches) else None
+    if found is not None and taint.needs_human(window or [], turn, tool, args, found):
+        if unattended:
+            return t.Refuse(Outcome.DENIED, f"denied: {found.reason()}, and in a scheduled run "
+                            f"nobody is there to approve `{call.name}`; tell the user what "
+                            "you would have done")
+        return t.AskHuman(tool.summary(args), new_id(), approvals.expire_after_s,
+                          f"Asked because {found.reason()}.")
+    if policy == "allow":
         return t.Allow()
     if unattended and approvals.unattended == "deny":
         return t.Refuse(Outcome.DENIED, "denied: this is a scheduled run and nobody is there "

@@ -23,6 +23,7 @@ from bot.config import Config
 from bot.context import check_system_fits
 from bot.conversation import Conversation
 from bot.history import estimate_tokens
+from bot.memory import Memory
 from bot.persona import Persona
 from bot.tools import Registry
 
@@ -38,34 +39,49 @@ class Request:
 
 class Prompt:
     def __init__(self, config: Config, persona: Persona, tools: Registry,
-                 jobs: Callable[[int], int] = lambda _conv_id: 0) -> None:
+                 jobs: Callable[[int], int] = lambda _conv_id: 0,
+                 memory: Memory | None = None) -> None:
         self.config = config
         self.persona = persona
         self.tools = tools
         self.jobs = jobs
         """Active scheduled tasks of a conversation (for the note)."""
+        self.memory = memory or Memory(persona.dir, config.memory.scope,
+                                       config.persona.max_file_chars)
         self.tz = ZoneInfo(config.scheduler.timezone)
-        self._system: tuple[str, int] = ("", 0)
+        self._systems: dict[tuple[int, int], tuple[str, str, str, int]] = {}
+        """(id of the persona prompt, id of the notes) -> (both, the prompt, its tokens)."""
         self._tool_tokens = estimate_tokens(str(tools.schemas()))
 
-    def system(self) -> str:
-        """The persona's prompt, read again (cheaply) for every request."""
-        prompt = self.persona.system_prompt()
-        if prompt is not self._system[0]:
-            self._system = (prompt, estimate_tokens(prompt))
-        return prompt
+    def system(self, conv: Conversation | None = None) -> str:
+        """The persona's prompt with this conversation's notes, read again (cheaply) for
+        every request; unchanged files give the same string object back."""
+        return self._system(conv)[0]
+
+    def _system(self, conv: Conversation | None) -> tuple[str, int]:
+        base = self.persona.system_prompt()
+        notes = ""
+        if conv is not None:
+            notes = self.memory.section(conv.row.key, conv.turn.requester if conv.turn else "")
+        key = (id(base), id(notes))
+        cached = self._systems.get(key)
+        if cached is None or cached[0] is not base or cached[1] is not notes:
+            prompt = f"{base}\n\n{notes}" if notes else base
+            if len(self._systems) > 1_000:
+                self._systems.clear()
+            cached = self._systems[key] = (base, notes, prompt, estimate_tokens(prompt))
+        return cached[2], cached[3]
 
     def fixed(self, conv: Conversation | None = None) -> int:
         """Estimated tokens sent with every request: system prompt, tools, summary."""
         summary = estimate_tokens(conv.summary) + 8 if conv is not None and conv.summary else 0
-        return self._system[1] + self._tool_tokens + summary
+        return self._system(conv)[1] + self._tool_tokens + summary
 
     def reserve(self) -> int:
         return self.config.llm.max_output_tokens + NOTE_RESERVE_TOKENS
 
     def history_budget(self, conv: Conversation, window: int) -> int:
         """Estimated tokens the history may take so the calibrated request fits."""
-        self.system()
         check_system_fits(int(self.fixed(conv) * conv.calibration), window, self.reserve())
         return int((window - self.reserve()) / conv.calibration) - self.fixed(conv)
 
@@ -87,7 +103,7 @@ class Prompt:
                 f"tokens{older}.{tasks}]")
 
     def build(self, conv: Conversation, window: int) -> Request:
-        system = [{"role": "system", "content": self.system()}]
+        system = [{"role": "system", "content": self.system(conv)}]
         messages = with_summary(system, conv.summary)
         messages.extend(conv.wire_window())
         note = self.note(conv, window)

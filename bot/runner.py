@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from bot import compaction, policy
@@ -35,6 +35,7 @@ from bot.events import (
 from bot.history import CallState, Msg, Outcome, tool_result
 from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
 from bot.prompt import Prompt, Request
+from bot.redact import Redactor
 from bot.store import ApprovalRow, Store, Usage
 from bot.tools import Registry, ToolContext, cap, parse_arguments
 
@@ -54,6 +55,8 @@ class Deps:
     prompt: Prompt
     emit: Emit
     tool_context: Callable[[Conversation], ToolContext]
+    redact: Redactor = field(default_factory=Redactor)
+    """Scrubs every tool result, model answer and error text before it is kept or sent."""
 
 
 @dataclass(slots=True)
@@ -100,7 +103,7 @@ class Runner:
                         tool_result(record.call, text, state.turn))
                     assert stored is not None
                     conv.append(stored)
-                case t.Ask(call_id, approval_id, summary, expires):
+                case t.Ask(call_id, approval_id, summary, expires, reason):
                     record = state.record(call_id)
                     assert record is not None
                     now = time.time()
@@ -108,7 +111,8 @@ class Runner:
                         approval_id, row.id, row.session, call_id, record.call.name, summary,
                         state.requester, "pending", now, now + expires))  # call: ASKING
                     events.append(ApprovalRequested(row.key, approval_id, record.call.name,
-                                                    summary, User(state.requester), expires))
+                                                    summary, User(state.requester), expires,
+                                                    reason=reason))
                 case t.Resolve(approval_id, status, by):
                     if await self.d.store.decide(approval_id, status, by.id if by else None):
                         events.append(ApprovalResolved(row.key, approval_id, status, by))
@@ -222,12 +226,12 @@ class Runner:
             completion = await self._complete_fitting(conv, cancel, scratch)
         except ModelError as exc:
             log.warning("model call failed in %s: %s", conv.row.key, exc)
-            conv.turn = replace(state, error=user_message(exc))
+            conv.turn = replace(state, error=self.d.redact(user_message(exc)))
             return
         if completion is None:  # cancelled mid-stream: keep only plain text
             conv.turn = replace(state, cancelled=True)
             if scratch.text:
-                scratch.partial = Msg("assistant", scratch.text, state.turn)
+                scratch.partial = Msg("assistant", self.d.redact(scratch.text), state.turn)
             return
         await self._record_step(conv, state, completion, scratch)
 
@@ -251,10 +255,13 @@ class Runner:
 
     async def _record_step(self, conv: Conversation, state: t.TurnState,
                            completion: Completion, scratch: _Scratch) -> None:
+        redact = self.d.redact
         calls = []
         for call in completion.tool_calls:  # ids unique in the session, within a step too
-            calls.append(replace(call, id=conv.unique_call_id(call.id)))
+            calls.append(replace(call, id=conv.unique_call_id(call.id),
+                                 arguments=redact(call.arguments)))
             conv.call_ids.add(calls[-1].id)
+        completion = replace(completion, text=redact(completion.text))
         new = t.model_step(state, tuple(calls))
         usage = None
         if completion.prompt_tokens is not None:
@@ -313,7 +320,8 @@ class Runner:
     async def _decide(self, conv: Conversation, state: t.TurnState,
                       record: t.CallRecord) -> t.Step:
         verdict = await policy.verdict(self.d.config, self.d.tools, self.d.store, conv.row.id,
-                                       record.call, unattended=state.unattended)
+                                       record.call, unattended=state.unattended,
+                                       window=conv.window(), turn=state.turn)
         return t.decide(state, self.limits, record.call.id, verdict)
 
     # -- Run: one allowed call --------------------------------------------------------
@@ -351,7 +359,7 @@ class Runner:
                             "interrupted: the user cancelled while this was running")
         else:
             outcome, text = _tool_outcome(task, call.name,
-                                          self.d.config.limits.tool_output_chars)
+                                          self.d.config.limits.tool_output_chars, self.d.redact)
             step = t.finish(conv.turn, self.limits, call.id, outcome, text)
         await self.apply(conv, step)
 
@@ -386,11 +394,14 @@ def _forgive(ledger: Ledger, limits: Breakers) -> Ledger:
     return ledger
 
 
-def _tool_outcome(task: asyncio.Future[str], name: str, limit: int) -> tuple[Outcome, str]:
+def _tool_outcome(task: asyncio.Future[str], name: str, limit: int,
+                  redact: Redactor) -> tuple[Outcome, str]:
+    """The result the model sees: redacted first (a cap could cut a secret in two),
+    then capped."""
     exc = task.exception()
     if exc is None:
-        return Outcome.OK, cap(task.result(), limit)
+        return Outcome.OK, cap(redact(task.result()), limit)
     if isinstance(exc, ToolError):
-        return Outcome.ERROR, cap(f"error: {exc}", limit)
+        return Outcome.ERROR, cap(redact(f"error: {exc}"), limit)
     log.error("tool %s crashed", name, exc_info=exc)
     return Outcome.ERROR, f"error: `{name}` failed unexpectedly (details are in Tandem's logs)"

@@ -4,6 +4,10 @@ Each public method is one round trip to aiosqlite's worker thread: a multi-state
 change runs there as one function inside `BEGIN IMMEDIATE ... COMMIT`, so it is atomic
 and costs one thread hop. The connection is always closed (`close()`), since
 aiosqlite's worker thread would otherwise keep the interpreter alive.
+
+The database holds every conversation, so a new one is created private before SQLite
+opens it: its folder 0700, the file 0600 (SQLite gives -wal and -shm the file's mode).
+An existing database keeps its mode; `tandem doctor` warns when it is readable by others.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import aiosqlite
 
 from bot.errors import StoreError
 from bot.events import ConvKey
+from bot.file_modes import private_dir, private_file
 from bot.store.sqlite_schema import MIGRATIONS
 
 T = TypeVar("T")
@@ -35,9 +40,10 @@ class SQLiteBase:
     # -- plumbing ---------------------------------------------------------------------
 
     async def open(self) -> None:
-        if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            if str(self.path) != ":memory:":
+                private_dir(self.path.parent)
+                private_file(self.path)
             self._db = await aiosqlite.connect(self.path, isolation_level=None)
             await self._run(self._setup)
         except (sqlite3.Error, OSError) as exc:

@@ -8,6 +8,7 @@ A tool returns text for the model or raises `ToolError` (its message goes to the
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +42,22 @@ class Tool:
     """The argument shown (and bound by "always" rules); None shows all arguments."""
     render: Callable[[dict[str, Any]], str] | None = None
     """A custom approval-card summary; it must show everything the call will do."""
+    lasting: bool = False
+    """It writes lasting state or sends data out: under taint a human is always asked."""
+    reaches: str | None = None
+    """The argument naming a URL the call contacts: under taint, a URL nobody gave asks."""
+    untrusted: bool = False
+    """Its results are content from outside (a web page...): they taint the conversation."""
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def summary(self, args: dict[str, Any]) -> str:
+        """The call as the approval card shows it, invisible characters made visible."""
+        return visible(self._summary(args))
+
+    def _summary(self, args: dict[str, Any]) -> str:
         if self.render is not None:
             return self.render(args)
         if self.summary_key and isinstance(args.get(self.summary_key), str):
@@ -81,6 +92,26 @@ class Registry:
 
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
+
+
+_SHOWN_AS_IS = frozenset("\n\t ")
+
+
+def _hidden(char: str) -> bool:
+    """Characters a reader cannot see or that change how the text around them is shown:
+    controls, format characters (direction overrides, zero-width...), unusual spaces and
+    line separators, unassigned and private-use code points."""
+    if char in _SHOWN_AS_IS:
+        return False
+    return unicodedata.category(char) in {"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"}
+
+
+def visible(text: str) -> str:
+    """`text` with every hidden character written out, e.g. ⟨U+202E⟩, so a card shows
+    exactly what will run."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(f"⟨U+{ord(c):04X}⟩" if _hidden(c) else c for c in text)
 
 
 def cap(text: str, limit: int) -> str:

@@ -1,11 +1,27 @@
-"""File tools, confined to the workspace (resolved paths, symlinks included)."""
+"""File tools, confined to the workspace.
+
+A path is resolved (symlinks included) and must stay inside the workspace. A regular file
+with more than one hard link is refused: its other names may be outside. A file is opened
+without following a symlink put in its place meanwhile (`O_NOFOLLOW`), and the open
+descriptor is checked again (its hard links and, where the system tells, its real path).
+
+Every write goes to a new file in the same folder that is then renamed over the old one:
+atomic, and never through an existing link. A replaced file keeps its permission bits; a
+new one gets the umask's default (0644 under the usual umask).
+
+`list_dir` never follows a symlink and never shows a link's size: a link inside the
+workspace is shown with where it points (`name -> sub/file.txt (link)`), one leading out
+as `name -> (link outside the workspace)`, without looking at its target.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,31 +32,151 @@ MAX_READ_BYTES = 2_000_000
 MAX_LIST = 500
 
 
-def resolve(ctx: ToolContext, raw: str) -> Path:
-    """The real path of `raw` inside the workspace, or PathRefused."""
-    if "\x00" in raw:
-        raise PathRefused("the path contains a NUL byte")
-    root = ctx.workspace.resolve()
-    target = (root / raw).resolve()
-    if target != root and root not in target.parents:
+def _inside(root: Path, target: Path) -> bool:
+    return target == root or root in target.parents
+
+
+def _confine(ctx: ToolContext, raw: str, target: Path) -> Path:
+    """`target` (a real path) if a file tool may use it, or PathRefused."""
+    if not _inside(ctx.workspace.resolve(), target):
         raise PathRefused(f"{raw!r} is outside the workspace; file tools only work inside it")
     if target in ctx.protected or target.name == ".env":
         raise PathRefused(f"{raw!r} is protected and no tool may read or change it")
     return target
 
 
+def resolve(ctx: ToolContext, raw: str) -> Path:
+    """The real path of `raw` inside the workspace, or PathRefused."""
+    if "\x00" in raw:
+        raise PathRefused("the path contains a NUL byte")
+    return _confine(ctx, raw, (ctx.workspace.resolve() / raw).resolve())
+
+
+def _refuse_hard_link(raw: str, st: os.stat_result) -> None:
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise PathRefused(f"{raw!r} is a hard link (one file with {st.st_nlink} names, which "
+                          "may be outside the workspace); Tandem will not follow hard links")
+
+
+def _recheck(ctx: ToolContext, raw: str, fd: int, name: str = "") -> None:
+    """Confine the real path of the open descriptor `fd` (joined with `name`) again, where
+    the system tells it (Linux's /proc)."""
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return
+    _confine(ctx, raw, real / name)
+
+
+def _read_checked(ctx: ToolContext, raw: str, path: Path, limit: int) -> bytes:
+    """At most `limit + 1` bytes of the regular, singly-linked file `path`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ToolError(f"cannot open {raw!r}: {exc.strerror}") from None
+    with open(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"{raw!r} is not a file")
+        _refuse_hard_link(raw, st)
+        _recheck(ctx, raw, fd)
+        return fh.read(limit + 1)
+
+
+def _new_temp(name: str, dir_fd: int) -> tuple[int, str]:
+    """A new empty file next to `name` (umask's default mode): its descriptor and name."""
+    for _ in range(100):
+        tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o666, dir_fd=dir_fd), tmp
+        except FileExistsError:
+            continue
+    raise ToolError(f"cannot create a temporary file next to {name!r}")
+
+
+def _existing_mode(raw: str, name: str, dir_fd: int) -> int | None:
+    """The permission bits of the file being replaced; None when there is none yet."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise ToolError(f"{raw!r} is not a file")
+    _refuse_hard_link(raw, st)
+    return stat.S_IMODE(st.st_mode)
+
+
+def _replace_file(ctx: ToolContext, raw: str, path: Path, data: bytes) -> None:
+    """Write `data` to a new file next to `path`, then rename it over `path`."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _recheck(ctx, raw, dir_fd, path.name)
+        mode = _existing_mode(raw, path.name, dir_fd)
+        fd, tmp = _new_temp(path.name, dir_fd)
+        try:
+            with open(fd, "wb") as fh:
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                fh.write(data)
+                fh.flush()
+                os.fsync(fd)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
 async def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve(ctx, require_str(args, "path"))
+    raw = require_str(args, "path")
+    path = resolve(ctx, raw)
     if not path.is_file():
-        raise ToolError(f"{args['path']!r} is not a file")
+        raise ToolError(f"{raw!r} is not a file")
 
     def read() -> str:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_READ_BYTES + 1)
+        data = _read_checked(ctx, raw, path, MAX_READ_BYTES)
         text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
         return text + ("\n[file truncated]" if len(data) > MAX_READ_BYTES else "")
 
     return await asyncio.to_thread(read)
+
+
+def _link_line(ctx: ToolContext, entry: os.DirEntry[str]) -> str | None:
+    """A symlink's line, found from the link's text; a target outside is never looked at."""
+    root = ctx.workspace.resolve()
+    target = Path(os.path.normpath(Path(entry.path).parent / os.readlink(entry.path)))
+    if _inside(root, target):
+        target = target.resolve()
+    if not _inside(root, target):
+        return f"{entry.name} -> (link outside the workspace)"
+    if target in ctx.protected:
+        return None
+    return f"{entry.name} -> {target.relative_to(root)} (link)"
+
+
+def _entry_line(ctx: ToolContext, entry: os.DirEntry[str]) -> str | None:
+    """One line of a listing, from `lstat`; None for a protected file."""
+    if entry.is_symlink():
+        return _link_line(ctx, entry)
+    if Path(entry.path) in ctx.protected:
+        return None
+    if entry.is_dir(follow_symlinks=False):
+        return f"{entry.name}/"
+    if entry.is_file(follow_symlinks=False):
+        return f"{entry.name} ({entry.stat(follow_symlinks=False).st_size} bytes)"
+    return f"{entry.name} (not a regular file)"
+
+
+def _listing(ctx: ToolContext, path: Path) -> str:
+    with os.scandir(path) as found:
+        entries = sorted(found, key=lambda e: e.name)
+    lines = [line for e in entries[:MAX_LIST] if (line := _entry_line(ctx, e)) is not None]
+    if len(entries) > MAX_LIST:
+        lines.append(f"[... {len(entries) - MAX_LIST} more entries]")
+    return "\n".join(lines) or "(empty directory)"
 
 
 async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -48,20 +184,20 @@ async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = resolve(ctx, str(raw))
     if not path.is_dir():
         raise ToolError(f"{raw!r} is not a directory")
-    entries = sorted(path.iterdir(), key=lambda p: p.name)
-    lines = [f"{p.name}/" if p.is_dir() else f"{p.name} ({p.stat().st_size} bytes)"
-             for p in entries[:MAX_LIST] if p.resolve() not in ctx.protected]
-    if len(entries) > MAX_LIST:
-        lines.append(f"[... {len(entries) - MAX_LIST} more entries]")
-    return "\n".join(lines) or "(empty directory)"
+    return await asyncio.to_thread(_listing, ctx, path)
 
 
 async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve(ctx, require_str(args, "path"))
-    content = require_str(args, "content", allow_empty=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    await asyncio.to_thread(path.write_text, content, encoding="utf-8")
-    return f"wrote {len(content.encode())} bytes to {args['path']}"
+    raw = require_str(args, "path")
+    path = resolve(ctx, raw)
+    data = require_str(args, "content", allow_empty=True).encode("utf-8")
+
+    def write() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _replace_file(ctx, raw, path, data)
+
+    await asyncio.to_thread(write)
+    return f"wrote {len(data)} bytes to {raw}"
 
 
 def occurrences(text: str, needle: str) -> list[int]:
@@ -71,20 +207,6 @@ def occurrences(text: str, needle: str) -> list[int]:
         found.append(start)
         start = text.find(needle, start + 1)
     return found
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Write `data` over `path` atomically, keeping its permission bits."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -98,7 +220,7 @@ async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError("`old` and `new` are identical; there is nothing to change")
 
     def edit() -> str:
-        data = path.read_bytes()
+        data = _read_checked(ctx, raw, path, MAX_READ_BYTES)
         if len(data) > MAX_READ_BYTES:
             raise ToolError(f"{raw!r} is larger than {MAX_READ_BYTES:,} bytes; "
                             "edit it with the shell tool instead")
@@ -115,7 +237,7 @@ async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> str:
             raise ToolError(f"`old` occurs {len(found)} times in {raw!r}; include more of the "
                             "surrounding text so it matches exactly once")
         at = found[0]
-        _replace_file(path, (text[:at] + new + text[at + len(old):]).encode("utf-8"))
+        _replace_file(ctx, raw, path, (text[:at] + new + text[at + len(old):]).encode("utf-8"))
         line = text.count("\n", 0, at) + 1
         return f"edited {raw}: replaced {len(old)} characters with {len(new)} at line {line}"
 
@@ -147,7 +269,8 @@ TOOLS = [
          summary_key="path"),
     Tool("write_file", "Create or overwrite a text file in the workspace.",
          {"type": "object", "properties": {"path": PATH, "content": {"type": "string"}},
-          "required": ["path", "content"]}, write_file, policy="ask", summary_key="path"),
+          "required": ["path", "content"]}, write_file, policy="ask", summary_key="path",
+         lasting=True),
     Tool("edit_file",
          "Replace one exact piece of text in a workspace file. `old` must occur exactly once "
          "in the file (copy it verbatim, with enough surrounding lines to be unique); it is "
@@ -157,5 +280,5 @@ TOOLS = [
              "old": {"type": "string", "description": "The exact text to replace"},
              "new": {"type": "string", "description": "The replacement text (may be empty)"}},
           "required": ["path", "old", "new"]},
-         edit_file, policy="ask", summary_key="path", render=edit_summary),
+         edit_file, policy="ask", summary_key="path", lasting=True, render=edit_summary),
 ]

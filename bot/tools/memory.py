@@ -1,7 +1,10 @@
-"""The `remember` tool: append a dated note to the persona's USER.md or MEMORY.md.
+"""The `remember` tool: append a dated note to USER.md or MEMORY.md of its scope.
 
-The persona is re-read before every model call, so a note reaches the very next request.
-Only those two files can be written; RULES.md and AGENT.md never can.
+A note is a file write: its policy is `ask` like every other write. Where it goes (this
+conversation, this person, or the persona itself) is `memory.scope` (`bot.memory`).
+The prompt is rebuilt before every model call, so a note reaches the very next request.
+Only those two files can be written; RULES.md and AGENT.md never can. Memory folders
+are created 0700 and memory files 0600.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from bot.config import PersonaConfig
 from bot.errors import ToolError
+from bot.file_modes import private_dir, private_file
 from bot.tools import Tool, ToolContext, require_str
 
 MAX_FACT_CHARS = 1_000
@@ -53,12 +57,12 @@ async def remember(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"the fact is {len(fact):,} characters; keep it to at most "
                         f"{MAX_FACT_CHARS:,} (one or two sentences)")
     name = target_file(args.get("file"))
-    directory = ctx.extras.get("persona_dir")
+    directory = ctx.extras.get("memory_dir", ctx.extras.get("persona_dir"))
     if not isinstance(directory, Path):
         raise ToolError("memory is not available here (no persona directory)")
     root = directory.resolve()
     path = (root / name).resolve()
-    if path != root / name:
+    if path != root / name or (path.exists() and not path.is_file()):
         raise ToolError(f"{name} is not a plain file in the persona directory; "
                         "an admin needs to fix it")
     limit = ctx.extras.get("persona_max_chars")
@@ -66,8 +70,9 @@ async def remember(ctx: ToolContext, args: dict[str, Any]) -> str:
     line = f"- {_today(ctx)}: {fact}\n"
 
     def append() -> str:
-        root.mkdir(parents=True, exist_ok=True)
-        current = path.read_text(encoding="utf-8") if path.is_file() else ""
+        private_dir(root)
+        private_file(path)
+        current = path.read_text(encoding="utf-8")
         if any(row.partition(": ")[2] == fact for row in current.splitlines()
                if row.startswith("- ")):
             return f"already in {name}: {fact}"
@@ -86,15 +91,16 @@ async def remember(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 TOOLS = [
     Tool("remember",
-         "Remember a fact for all future conversations by appending a dated note to your "
-         "persona: file \"USER\" for facts about the people you work with (names, what to "
-         "call them, preferences), \"MEMORY\" for anything else worth keeping. Use it when "
-         "someone asks you to remember something or states a lasting preference. One short "
-         "sentence per fact; it is part of your instructions from the next step on.",
+         "Remember a fact for future conversations by appending a dated note to your "
+         "memory (a person approves each note): file \"USER\" for facts about the people "
+         "you work with (names, what to call them, preferences), \"MEMORY\" for anything "
+         "else worth keeping. Use it when someone asks you to remember something or states "
+         "a lasting preference. One short sentence per fact; it is part of your "
+         "instructions from the next step on.",
          {"type": "object", "properties": {
              "fact": {"type": "string", "maxLength": MAX_FACT_CHARS,
                       "description": "The fact, as one self-contained sentence"},
              "file": {"type": "string", "enum": ["USER", "MEMORY"], "default": "USER"}},
           "required": ["fact"]},
-         remember, policy="allow", summary_key="fact"),
+         remember, policy="ask", summary_key="fact", lasting=True),
 ]

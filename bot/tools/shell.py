@@ -1,5 +1,6 @@
-"""The `shell` tool: one command in the workspace, with a timeout, an output cap,
-no secrets in its environment, and the whole process group killed on cancel."""
+"""The `shell` tool: one command in the workspace, with a timeout (its output is
+redacted and capped by the runner), no secrets in its environment, and the whole
+process group killed on cancel."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bot.errors import ToolError
-from bot.tools import Tool, ToolContext, cap, require_str
+from bot.redact import SECRET_NAME as _SECRET_NAME
+from bot.tools import Tool, ToolContext, require_str
 
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|^TANDEM_",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^TANDEM_", re.IGNORECASE)
 SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
 
@@ -67,7 +68,7 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
         untrack = ctx.extras.get("untrack_process")
         if callable(untrack):
             await untrack(proc.pid)
-    text = cap(out.decode("utf-8", errors="replace"), ctx.output_chars)
+    text = out.decode("utf-8", errors="replace")  # redacted, then capped, by the runner
     if proc.returncode:
         raise ToolError(f"exit status {proc.returncode}\n{text}")
     return text or "(no output)"
@@ -76,5 +77,5 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
 TOOLS = [
     Tool("shell", "Run a shell command in the workspace and return its output.",
          {"type": "object", "properties": {"command": {"type": "string"}},
-          "required": ["command"]}, shell, policy="ask", summary_key="command"),
+          "required": ["command"]}, shell, policy="ask", summary_key="command", lasting=True),
 ]

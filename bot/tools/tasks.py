@@ -51,10 +51,10 @@ TOOLS = [
          "you will be asked to do then (e.g. 'Remind the user to stretch').",
          {"type": "object", "properties": {"when": {"type": "string"},
                                            "prompt": {"type": "string"}},
-          "required": ["when", "prompt"]}, schedule_task, policy="allow"),
+          "required": ["when", "prompt"]}, schedule_task, policy="allow", lasting=True),
     Tool("list_tasks", "List the scheduled tasks of this conversation.",
          {"type": "object", "properties": {}}, list_tasks, policy="allow"),
     Tool("cancel_task", "Cancel a scheduled task of this conversation by its id.",
          {"type": "object", "properties": {"job_id": {"type": "string"}},
-          "required": ["job_id"]}, cancel_task, policy="allow"),
+          "required": ["job_id"]}, cancel_task, policy="allow", lasting=True),
 ]

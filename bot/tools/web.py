@@ -253,5 +253,5 @@ TOOLS = [
          {"type": "object", "properties": {
              "url": {"type": "string", "description": "Full URL, e.g. https://example.com/page"}},
           "required": ["url"]},
-         web_fetch, policy="allow", summary_key="url"),
+         web_fetch, policy="allow", summary_key="url", reaches="url", untrusted=True),
 ]

@@ -148,6 +148,7 @@ class Ask:
     approval_id: str
     summary: str
     expires_in_s: int
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,8 @@ class AskHuman:
     summary: str
     approval_id: str
     expires_in_s: int
+    reason: str | None = None
+    """Why a human is asked although the policy allows the tool (for the card)."""
 
 
 Verdict = Allow | Refuse | AskHuman
@@ -99,9 +101,9 @@ def decide(state: TurnState, limits: Breakers, call_id: str, verdict: Verdict) -
                         (SetCall(call_id, CallState.ALLOWED),))
         case Refuse(outcome, text):
             return finish(state, limits, call_id, outcome, text)
-        case AskHuman(summary, approval_id, expires):
+        case AskHuman(summary, approval_id, expires, reason):
             return Step(_with(state, record, state=CallState.ASKING, approval_id=approval_id),
-                        (Ask(call_id, approval_id, summary, expires),))
+                        (Ask(call_id, approval_id, summary, expires, reason),))
 
 
 def submitted(state: TurnState, call_id: str) -> Step:

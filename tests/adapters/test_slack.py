@@ -8,6 +8,8 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +30,7 @@ from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_te
 from tests.suites.harness import SECRET, SlackRig
 
 JSON = dict[str, Any]
+FOREIGN = "T-OTHER"
 
 
 class Rig(SlackRig):
@@ -43,6 +46,18 @@ class Rig(SlackRig):
         assert self.acks and max(self.acks) < 3.0, self.acks
         assert not self.fake.duplicate_acks
         assert self.model.violations == []
+
+    async def send(self, kind: str, payload: JSON) -> None:
+        """`payload` as a Socket Mode envelope of `kind` (`events_api`, `interactive`) or as
+        its signed HTTP post; waits for the ack (HTTP: a 200)."""
+        if self.mode == "socket":
+            envelope = await self.fake.push(kind, payload)
+            self.acks.append(await self.fake.wait_ack(envelope))
+            return
+        post = self.fake.post_event if kind == "events_api" else self.fake.post_action
+        got = await post(self.url, payload, signing_secret=SECRET)
+        assert got.status == 200, got
+        self.acks.append(got.latency)
 
 
 @pytest.fixture(params=["socket", "http"])
@@ -169,14 +184,86 @@ async def test_a_star_allows_everyone_in_the_workspace(rig_factory: Callable[...
         await rig.wait_text("D9", "Hi stranger.")
         await rig.settle()
         outsider = rig.fake.message_event("D8", "U8", "from another org")
-        outsider["user_team"] = "T-OTHER"
+        outsider["user_team"] = FOREIGN
         await rig.deliver(outsider)
-        await rig.wait_text("D8", "U8")
         await rig.settle()
     finally:
         await rig.stop()
     rig.check()
     assert len(model.requests) == 1
+    assert rig.texts("D8") == [] and rig.fake.ephemerals_for("U8") == []
+
+
+async def test_another_workspace_never_reaches_the_core(rig_factory: Callable[..., Rig],
+                                                        model: FakeModelServer,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    rig = rig_factory(slack__allowed_users=["*"])
+    await rig.start()
+    try:
+        model.script(Reply(text="Hello, member."))
+        for i in range(5):  # installed elsewhere: only the envelope names the workspace
+            event = rig.fake.message_event("D8", "U8", f"from afar {i}", team=None)
+            await rig.send("events_api", rig.fake.event_body(event, team_id=FOREIGN))
+        # A channel shared with another workspace: the event names the user's.
+        shared = rig.fake.message_event("C5", "U7", "hi bot", channel_type="channel",
+                                        mention=True, team=FOREIGN)
+        shared["user_team"] = FOREIGN
+        await rig.send("events_api", rig.fake.event_body(shared))
+        await rig.say("D1", "U1", "hello")
+        await rig.wait_text("D1", "Hello, member.")
+        await rig.settle()
+    finally:
+        await rig.stop()
+    rig.check()
+    assert len(model.requests) == 1 and "hello" in user_texts(model)[0]
+    assert rig.texts("D8") == [] and rig.texts("C5") == [] and rig.fake.ephemerals == []
+    assert {c.params.get("user") for c in rig.fake.calls_to("users.info")} == {"U1"}
+    assert rig.fake.calls_to("conversations.replies") == []
+    told = [r for r in caplog.records if FOREIGN in r.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.text
+
+
+async def test_a_listed_id_from_another_workspace_is_dropped(rig: Rig,
+                                                             model: FakeModelServer) -> None:
+    model.script(Reply(text="Only for T1's U1."))
+    elsewhere = rig.fake.message_event("D1", "U1", "same id, other org", team=None)
+    await rig.send("events_api", rig.fake.event_body(elsewhere, team_id=FOREIGN))
+    shared = rig.fake.message_event("C5", "U1", "same id, shared channel",
+                                    channel_type="channel", mention=True, team=FOREIGN)
+    shared["user_team"] = FOREIGN
+    await rig.send("events_api", rig.fake.event_body(shared))
+    await rig.settle()
+    assert model.requests == [] and rig.texts("D1") == [] and rig.texts("C5") == []
+    assert rig.fake.ephemerals == []
+    await rig.say("D1", "U1", "from home")
+    await rig.wait_text("D1", "Only for T1's U1.")
+    await rig.settle()
+    assert len(model.requests) == 1
+
+
+async def test_a_press_from_another_workspace_changes_nothing(rig: Rig, model: FakeModelServer,
+                                                              tmp_path: Path) -> None:
+    model.script(shell("echo hi > x.txt"), Reply(text="Done."))
+    await rig.say("D1", "U1", "make x")
+    card = await rig.card("D1")
+    await rig.wait_text("D1", "⏸ Waiting for approval")
+    value = next(e["value"] for b in card.blocks or [] if b["type"] == "actions"
+                 for e in b["elements"] if e["action_id"] == "tandem_approve")
+    foreign = rig.fake.block_actions("D1", "U1", card.ts, "tandem_approve", value,
+                                     team_id=FOREIGN)
+    await rig.send("interactive", foreign)
+    member_elsewhere = rig.fake.block_actions("D1", "U1", card.ts, "tandem_approve", value)
+    member_elsewhere["user"]["team_id"] = FOREIGN
+    await rig.send("interactive", member_elsewhere)
+    await rig.settle()
+    assert not (tmp_path / "workspace" / "x.txt").exists()
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert rig.fake.ephemerals == [] and len(model.requests) == 1
+    await rig.press("D1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("D1", "Done.")
+    await rig.settle()
+    assert (tmp_path / "workspace" / "x.txt").exists()
 
 
 async def test_a_strangers_mention_in_a_thread_does_not_join_it(rig: Rig,
@@ -525,6 +612,54 @@ async def _refused(rig: Rig, model: FakeModelServer) -> None:
     assert len(model.requests) == 1 and "real" in user_texts(model)[-1]
 
 
+MALFORMED = [
+    ("application/json", b"{not json"),
+    ("application/json", b"[1, 2]"),
+    ("application/json", b'"just a string"'),
+    ("application/json", b'{"event": {"type": "message"}}'),
+    ("application/json", b'{"type": 7}'),
+    ("application/json; charset=x-no-such-charset", b"{}"),
+    ("application/x-www-form-urlencoded", b"payload=%7Bnot+json"),
+    ("application/x-www-form-urlencoded", b"payload=%5B%5D"),
+    ("application/x-www-form-urlencoded", b"payload=%7B%22user%22%3A+%7B%7D%7D"),
+]
+
+
+async def test_a_signed_but_malformed_body_is_a_400_and_one_log_line(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with Rig(fake, model, tmp_path, "http") as rig:
+        for content_type, raw in MALFORMED:
+            caplog.clear()
+            got = await fake.post_raw(rig.url, raw, content_type=content_type,
+                                      signing_secret=SECRET)
+            await rig.settle()
+            assert got.status == 400, (raw, got)
+            lines = [r for r in caplog.records if not r.name.startswith(("aiosqlite", "asyncio"))]
+            assert len(lines) == 1, (raw, caplog.text)
+            assert lines[0].levelno <= logging.WARNING and lines[0].exc_info is None
+            assert "Traceback" not in caplog.text
+        command = {"token": "t", "team_id": "T1", "channel_id": "D1", "user_id": "U1",
+                   "command": "/tandem", "text": "help", "trigger_id": "1.2.3",
+                   "response_url": f"{fake.url}/response/none"}
+        fake.add_user("U1")
+        form = "&".join(f"{k}={v}" for k, v in command.items()).replace("/", "%2F")
+        slash = await fake.post_raw(rig.url, form.encode(), signing_secret=SECRET,
+                                    content_type="application/x-www-form-urlencoded")
+        assert slash.status == 200, slash
+        await rig.wait_text("D1", "/status")
+        unsigned = await fake.post_raw(rig.url, b"{not json", content_type="application/json",
+                                       signing_secret="not-the-secret")
+        not_utf8 = await fake.post_raw(rig.url, b"\xff\xfe{}", content_type="application/json",
+                                       signing_secret=SECRET)  # never from Slack: unverifiable
+        assert (unsigned.status, not_utf8.status) == (401, 401)
+        assert "Traceback" not in caplog.text
+        await rig.deliver(fake.message_event("D2", "U1", json.dumps({"still": "fine"})))
+        await rig.settle()
+    assert len(model.requests) == 1
+
+
 # ---- Socket Mode only ----------------------------------------------------------------------
 
 
@@ -608,3 +743,31 @@ async def test_missing_secrets_and_a_bad_token(fake: FakeSlackServer, model: Fak
     hub, dispatch = build(config)
     with pytest.raises(SlackUnavailable):
         await create(config, hub, dispatch).start()
+
+
+async def test_the_workspace_is_known_before_any_event(fake: FakeSlackServer,
+                                                      model: FakeModelServer,
+                                                      tmp_path: Path) -> None:
+    base = {"slack__enabled": True, "slack__bot_token": "xoxb-test",
+            "slack__app_token": "xapp-test", "slack__base_url": fake.api_url}
+    fake.team_id = None  # auth.test does not say
+    config = make_config(tmp_path, model, **base)
+    hub, dispatch = build(config)
+    with pytest.raises(ConfigError) as unknown:
+        await create(config, hub, dispatch).start()
+    assert unknown.value.key == "slack.team_id" and "auth.test" in str(unknown.value)
+    async with Rig(fake, model, tmp_path, "socket", slack__team_id="T1",
+                   slack__allowed_users=["*"]) as rig:
+        model.script(Reply(text="Served."))
+        elsewhere = rig.fake.message_event("D8", "U8", "hi", team=None)
+        await rig.send("events_api", rig.fake.event_body(elsewhere, team_id=FOREIGN))
+        await rig.say("D1", "U1", "hi")
+        await rig.wait_text("D1", "Served.")
+        await rig.settle()
+    assert len(model.requests) == 1 and rig.texts("D8") == []
+    fake.team_id = "T1"
+    config = make_config(tmp_path, model, slack__team_id="T2", **base)
+    hub, dispatch = build(config)
+    with pytest.raises(ConfigError) as other:
+        await create(config, hub, dispatch).start()
+    assert other.value.key == "slack.team_id" and "T1" in str(other.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -25,12 +26,79 @@ BOT = "UBOT"
     ("> quoted <b>", "> quoted &lt;b&gt;"),
     ("`a**b** <x>`", "`a**b** &lt;x&gt;`"),
     ("```python\nif a < b:\n    print(**kw)\n```", "```\nif a &lt; b:\n    print(**kw)\n```"),
-    ("ping <@U123> but never <!here>", "ping <@U123> but never &lt;!here&gt;"),
+    ("never <@U123> nor <!here>", "never &lt;@U123&gt; nor &lt;!here&gt;"),
+    ("[write](mailto:a@b.test)", "<mailto:a@b.test|write>"),
+    ("[x](HTTPS://x.test)", "<HTTPS://x.test|x>"),
     ("2 * 3 * 4", "2 * 3 * 4"),
     ("snake_case_name", "snake_case_name"),
 ])
 def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
     assert render.to_mrkdwn(markdown) == mrkdwn
+
+
+# Model output that tries to make Slack ping or link where it should only show text.
+INJECTIONS = [
+    "[everyone](!channel)",
+    "[x](!here)",
+    "[x](!everyone)",
+    "[x](!subteam^S123)",
+    "[x](!subteam^S123|@team)",
+    "[b](@U0BOSS)",
+    "[b](@W0BOSS)",
+    "[c](#C0GENERAL)",
+    "[d](<!here>)",
+    "[e](<@U0BOSS>)",
+    "[f](javascript:alert(1))",
+    "[g](slack://channel?team=T1&id=C1)",
+    "![img](!here)",
+    "<!here> <!channel> <!everyone> <!subteam^S123|@team>",
+    "<@U0BOSS> <@W0BOSS|boss> <#C0GENERAL> <#C0GENERAL|general>",
+    "<!date^1392734382^{date}|Feb 18>",
+    "[x](https://ok.test|<!here>)",
+    "[x](https://ok.test/<!here>)",
+    "[<!here>](https://ok.test)",
+    "[a|<!channel>](https://ok.test)",
+    "[a>b](https://ok.test)",
+    "**<!here>** _<@U1>_ ~~<#C1>~~",
+    "# <!channel>\n- <@U1>\n> <!here>",
+    "`<!here>` and ```\n<@U1>\n```",
+    "&lt;!here&gt; and &#60;!here&#62;",
+]
+
+
+@pytest.mark.parametrize("markdown", INJECTIONS)
+def test_model_text_never_pings_or_forges_a_link(markdown: str) -> None:
+    mrkdwn = render.to_mrkdwn(markdown)
+    for sequence in ("<!", "<@", "<#"):
+        assert sequence not in mrkdwn, mrkdwn
+    [out] = render.messages(markdown)
+    assert not any(s in out.text or s in str(out.blocks) for s in ("<!", "<@", "<#"))
+    links = re.findall(r"<([^<>|]*)\|?[^<>]*>", mrkdwn)
+    assert all(re.match(r"(?i)(https?://|mailto:)", target) for target in links), mrkdwn
+
+
+@pytest.mark.parametrize(("markdown", "mrkdwn"), [
+    ("[everyone](!channel)", "[everyone](!channel)"),
+    ("[b](@U0BOSS)", "[b](@U0BOSS)"),
+    ("[d](<!here>)", "[d](&lt;!here&gt;)"),
+    ("[x](https://ok.test|<!here>)", "[x](https://ok.test|&lt;!here&gt;)"),
+    ("[x](https://ok.test/a|b)", "<https://ok.test/a%7Cb|x>"),
+    ("[a|b>c](https://ok.test)", "<https://ok.test|a¦b&gt;c>"),
+    ("[`a<b`](https://ok.test)", "<https://ok.test|`a&lt;b`>"),
+    ("`\x021\x02` `\x020\x02` \x01x\x01", "`1` `0` x"),
+])
+def test_only_web_and_mail_links_become_links(markdown: str, mrkdwn: str) -> None:
+    assert render.to_mrkdwn(markdown) == mrkdwn
+
+
+def test_the_workspaces_a_payload_names() -> None:
+    envelope = {"type": "event_callback", "team_id": "T1",
+                "event": {"type": "message", "team": "T2", "user_team": "T3"}}
+    assert render.teams(envelope) == {"T1", "T2", "T3"}
+    press = {"type": "block_actions", "team": {"id": "T1"}, "user": {"id": "U1", "team_id": "T4"}}
+    assert render.teams(press) == {"T1", "T4"}
+    assert render.teams({"command": "/tandem", "team_id": "T1"}) == {"T1"}
+    assert render.teams({"type": "event_callback", "event": "x", "team": 5, "user": None}) == set()
 
 
 def test_an_unclosed_code_block_while_streaming_stays_code() -> None:

@@ -54,7 +54,7 @@ CASES: list[tuple[str, list[str], list[str], str | None, tuple[str, str, str | N
     ("star, home team unknown", ["*"], [], None, ("other", "Eve", FOREIGN), True),
     ("star, user's team unknown", ["*"], [], HOME, ("other", "Eve", None), True),
     ("star, same team", ["*"], [], HOME, ("other", "Eve", HOME), True),
-    ("listed beats a foreign team", ["*", "listed"], [], HOME, ("id", "Ann", FOREIGN), True),
+    ("listed, own team", ["listed"], [], HOME, ("id", "Ann", HOME), True),
     ("approver only", [], ["listed"], None, ("id", "Cat", None), True),
     ("approver only, someone else", [], ["listed"], None, ("other", "Eve", None), False),
     ("a name is not an id", ["listed"], [], None, ("other", "listed-name", None), False),
@@ -90,6 +90,25 @@ def test_a_star_stops_at_the_workspace_on_slack_only(platform: str) -> None:
     assert rules.allows(platform, outsider) is (platform == "telegram")
     rules.set_home_team(platform, None)  # forgotten: both must be known to compare
     assert rules.allows(platform, outsider)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("listed_as", ["allowed", "approver"])
+def test_a_listed_id_from_another_workspace_is_refused_on_slack(
+        platform: str, listed_as: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="bot.access")
+    ids = PLATFORMS[platform]
+    lists: dict[str, list[Any]] = {"allowed": ["*"], "approver": []}
+    lists[listed_as].append(ids["listed"])
+    rules = access(platform, lists["allowed"], lists["approver"], home=HOME)
+    namesake = User(str(ids["id"]), "Ann", FOREIGN)  # the same id, another workspace's user
+    assert rules.allows(platform, namesake) is (platform == "telegram")
+    refused = rules.check(UserMessage(ConvKey(platform, "c1"), namesake, "hi"))
+    assert (refused is None) is (platform == "telegram")
+    assert rules.allows(platform, User(str(ids["id"]), "Ann", HOME))
+    if platform == "slack":
+        [line] = [r.getMessage() for r in caplog.records if r.name == "bot.access"]
+        assert f"from workspace {FOREIGN}, not this bot's {HOME}" in line
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from bot.app import default_tools, protected_paths
 from bot.config import Config, WebFetchConfig
 from bot.errors import PathRefused, ToolError
-from bot.events import ApprovalRequested, ConvKey, Decision, Verdict
+from bot.events import ApprovalRequested, ConvKey, Decision, User, UserMessage, Verdict
 from bot.store.backends import open_store
 from bot.tools import Tool, ToolContext
 from bot.tools import web as webtool
@@ -157,6 +157,58 @@ async def test_read_write_and_list_still_work_inside(ws: Workspace) -> None:
     assert await call(ws.ctx, "read_file", path="new/f.txt") == "hi"
     listing = await call(ws.ctx, "list_dir", path=".")
     assert "new/" in listing and "config.yaml" not in listing
+
+
+def _names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+async def test_read_file_refuses_a_hard_link_to_an_outside_file(ws: Workspace) -> None:
+    os.link(ws.outside / "secret.txt", ws.root / "notes.txt")
+    with pytest.raises(PathRefused, match="hard link.*will not follow"):
+        await call(ws.ctx, "read_file", path="notes.txt")
+
+
+async def test_write_and_edit_through_a_hard_link_are_refused(ws: Workspace) -> None:
+    secret = ws.outside / "secret.txt"
+    os.link(secret, ws.root / "notes.txt")
+    before = _names(ws.root)
+    with pytest.raises(PathRefused, match="hard link.*will not follow"):
+        await call(ws.ctx, "write_file", path="notes.txt", content="pwned")
+    with pytest.raises(PathRefused, match="hard link.*will not follow"):
+        await call(ws.ctx, "edit_file", path="notes.txt", old="secret", new="pwned")
+    assert secret.read_text() == "outside secret\n"
+    assert secret.stat().st_nlink == 2 and _names(ws.root) == before
+
+
+async def test_write_file_renames_a_new_file_into_place_and_keeps_the_mode(
+        ws: Workspace) -> None:
+    target = ws.root / "sub" / "notes.txt"
+    target.write_text("old\n")
+    target.chmod(0o640)
+    inode = target.stat().st_ino
+    await call(ws.ctx, "write_file", path="sub/notes.txt", content="new\n")
+    assert target.read_text() == "new\n"
+    assert target.stat().st_ino != inode and target.stat().st_mode & 0o7777 == 0o640
+    inode = target.stat().st_ino
+    await call(ws.ctx, "edit_file", path="sub/notes.txt", old="new", new="newer")
+    assert target.stat().st_ino != inode and target.stat().st_mode & 0o7777 == 0o640
+    await call(ws.ctx, "write_file", path="sub/fresh.txt", content="x")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (ws.root / "sub" / "fresh.txt").stat().st_mode & 0o7777 == 0o666 & ~umask
+    assert _names(ws.root / "sub") == [".env", "fresh.txt", "notes.txt"]
+
+
+async def test_list_dir_never_follows_a_link_out_of_the_workspace(ws: Workspace) -> None:
+    (ws.outside / "big.bin").write_bytes(b"x" * 4321)
+    (ws.root / "peek").symlink_to(ws.outside / "big.bin")
+    (ws.root / "inner").symlink_to(ws.root / "sub")
+    lines = (await call(ws.ctx, "list_dir", path=".")).splitlines()
+    assert "peek -> (link outside the workspace)" in lines
+    assert "link -> (link outside the workspace)" in lines
+    assert "inner -> sub (link)" in lines
+    assert not any("4321" in line or "alias.md" in line for line in lines)
 
 
 # -- remember ------------------------------------------------------------------------------
@@ -508,20 +560,57 @@ def test_html_to_text_details() -> None:
 # -- whole turns through the hub ----------------------------------------------------------
 
 
-async def test_remember_reaches_the_very_next_model_request(model: FakeModelServer,
-                                                            config_factory: Any) -> None:
+async def test_remember_asks_then_reaches_the_very_next_model_request(
+        model: FakeModelServer, config_factory: Any) -> None:
     fact = "The user wants to be called Xiaoniu"
     model.script(Reply(tool_calls=[ToolCallSpec("remember", {"fact": fact})]),
                  Reply(text="Got it, Xiaoniu."))
     async with Core(config_factory()) as core:
         await core.say("from now on call me Xiaoniu")
+        [card] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+        assert card.tool == "remember" and card.summary == fact  # a note is a file write
+        await core.hub.submit(Decision(core.key, core.user, card.approval_id, Verdict.APPROVE))
         [ended] = await core.sink.ended()
     assert ended.text == "Got it, Xiaoniu."
-    assert core.sink.of(ApprovalRequested) == []
     systems = [r["messages"][0]["content"] for r in model.requests]
     assert fact not in systems[0] and fact in systems[1]
     result = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert result == [f"remembered in USER.md: {fact}"]
+
+
+@pytest.mark.parametrize("scope", ["conversation", "user", "global"])
+async def test_memory_scope_decides_whose_prompt_a_note_enters(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path, scope: str) -> None:
+    """Ann's note in chat c1; then Ann in chat c2 and Bob in chat c1 each ask something."""
+    fact = "Ann's deploy key lives in the vault"
+    model.script(Reply(tool_calls=[ToolCallSpec("remember", {"fact": fact, "file": "MEMORY"})]),
+                 Reply(text="Noted."), Reply(text="Hi Ann."), Reply(text="Hi Bob."))
+    config = config_factory(approvals__tools={"remember": "allow"}, memory__scope=scope)
+    bob = User("u2", "Bob")
+    async with Core(config) as core:
+        await core.say("remember where my deploy key lives")
+        await core.sink.ended(1)
+        other = ConvKey("console", "c2")
+        await core.hub.submit(UserMessage(other, core.user, "hello from the other chat"))
+        await core.sink.ended(2)
+        await core.say("hello, I am Bob", user=bob)
+        await core.sink.ended(3)
+    systems = [r["messages"][0]["content"] for r in model.requests]
+    seen = {"same chat": fact in systems[1], "Ann elsewhere": fact in systems[2],
+            "Bob in the same chat": fact in systems[3]}
+    expected = {"conversation": {"same chat": True, "Ann elsewhere": False,
+                                 "Bob in the same chat": True},
+                "user": {"same chat": True, "Ann elsewhere": True,
+                         "Bob in the same chat": False},
+                "global": {"same chat": True, "Ann elsewhere": True,
+                           "Bob in the same chat": True}}[scope]
+    assert seen == expected
+    persona = Path(config.persona.dir)
+    [written] = [p for p in persona.rglob("MEMORY.md") if fact in p.read_text()]
+    assert (written.parent == persona) is (scope == "global")
+    if scope != "global":
+        assert written.stat().st_mode & 0o777 == 0o600
+        assert written.parent.stat().st_mode & 0o777 == 0o700
 
 
 async def test_edit_file_asks_with_the_whole_change_then_runs_or_not(

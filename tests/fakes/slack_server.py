@@ -163,8 +163,11 @@ class FakeSlackServer:
         update_interval: float = 1.0,
         burst: int = 3,
         retry_after: int = 1,
+        team_id: str | None = TEAM_ID,
     ) -> None:
         self.bot_token = bot_token
+        self.team_id = team_id
+        """The workspace ``auth.test`` names (None: an answer without ``team_id``)."""
         self.app_token = app_token
         self.rate_limit = rate_limit
         self.post_interval = post_interval
@@ -386,12 +389,15 @@ class FakeSlackServer:
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._id_counter):08d}FAKE"
 
-    def event_body(self, event: JSON, *, event_id: str | None = None) -> JSON:
-        """The full ``event_callback`` envelope Slack sends for ``event``."""
+    def event_body(
+        self, event: JSON, *, event_id: str | None = None, team_id: str = TEAM_ID
+    ) -> JSON:
+        """The full ``event_callback`` envelope Slack sends for ``event``, from the workspace
+        ``team_id`` (another one models an install elsewhere or a shared channel)."""
         return {
             "token": VERIFICATION_TOKEN,
-            "team_id": TEAM_ID,
-            "context_team_id": TEAM_ID,
+            "team_id": team_id,
+            "context_team_id": team_id,
             "context_enterprise_id": None,
             "api_app_id": APP_ID,
             "event": event,
@@ -401,7 +407,7 @@ class FakeSlackServer:
             "authorizations": [
                 {
                     "enterprise_id": None,
-                    "team_id": TEAM_ID,
+                    "team_id": team_id,
                     "user_id": BOT_USER_ID,
                     "is_bot": True,
                     "is_enterprise_install": False,
@@ -420,9 +426,11 @@ class FakeSlackServer:
         thread_ts: str | None = None,
         channel_type: str = "im",
         mention: bool = False,
+        team: str | None = TEAM_ID,
     ) -> JSON:
         """Store a user message and return the event Slack would send for it
-        (``message``, or ``app_mention`` with ``<@UBOT>`` prefixed when ``mention``)."""
+        (``message``, or ``app_mention`` with ``<@UBOT>`` prefixed when ``mention``);
+        ``team`` is the event's own workspace field (None leaves it out)."""
         if user not in self.users:
             self.add_user(user)
         full_text = f"<@{BOT_USER_ID}> {text}" if mention else text
@@ -440,7 +448,6 @@ class FakeSlackServer:
             "user": user,
             "text": full_text,
             "ts": ts,
-            "team": TEAM_ID,
             "client_msg_id": str(uuid.uuid4()),
             "blocks": [
                 {
@@ -457,15 +464,24 @@ class FakeSlackServer:
             parent = self.message(channel, root)
             if parent is not None:
                 event["parent_user_id"] = parent.user
+        if team is not None:
+            event["team"] = team
         if not mention:
             event["channel_type"] = channel_type
         return event
 
     def block_actions(
-        self, channel: str, user: str, message_ts: str, action_id: str, value: str
+        self,
+        channel: str,
+        user: str,
+        message_ts: str,
+        action_id: str,
+        value: str,
+        *,
+        team_id: str = TEAM_ID,
     ) -> JSON:
-        """The ``block_actions`` payload Slack sends when ``user`` presses the button
-        ``action_id`` on the stored message ``message_ts``."""
+        """The ``block_actions`` payload Slack sends when ``user`` (a member of ``team_id``)
+        presses the button ``action_id`` on the stored message ``message_ts``."""
         msg = self.message(channel, message_ts)
         if msg is None:
             raise AssertionError(f"no message {message_ts} in {channel}\n{self.dump()}")
@@ -497,12 +513,12 @@ class FakeSlackServer:
             action["style"] = button["style"]
         return {
             "type": "block_actions",
-            "user": {"id": user, "username": uname, "name": uname, "team_id": TEAM_ID},
+            "user": {"id": user, "username": uname, "name": uname, "team_id": team_id},
             "api_app_id": APP_ID,
             "token": VERIFICATION_TOKEN,
             "container": container,
             "trigger_id": f"{next(self._id_counter)}.1.{uuid.uuid4().hex}",
-            "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
+            "team": {"id": team_id, "domain": TEAM_DOMAIN},
             "enterprise": None,
             "is_enterprise_install": False,
             "channel": {"id": channel, "name": _channel_name(channel)},
@@ -546,10 +562,15 @@ class FakeSlackServer:
         return envelope_id
 
     async def push_event(
-        self, event: JSON, *, event_id: str | None = None, retry_attempt: int = 0
+        self,
+        event: JSON,
+        *,
+        event_id: str | None = None,
+        retry_attempt: int = 0,
+        team_id: str = TEAM_ID,
     ) -> str:
         """Push ``event`` wrapped in ``event_body``; reuse ``event_id`` to model a redelivery."""
-        body = self.event_body(event, event_id=event_id)
+        body = self.event_body(event, event_id=event_id, team_id=team_id)
         return await self.push("events_api", body, retry_attempt=retry_attempt)
 
     async def wait_ack(
@@ -671,6 +692,17 @@ class FakeSlackServer:
         return await self._deliver(
             url, raw, "application/x-www-form-urlencoded", signing_secret, timestamp, bad_signature
         )
+
+    async def post_raw(
+        self,
+        url: str,
+        raw: bytes,
+        *,
+        content_type: str,
+        signing_secret: str,
+    ) -> HttpDelivery:
+        """POST ``raw`` as it is (malformed bodies included), correctly signed."""
+        return await self._deliver(url, raw, content_type, signing_secret, None, False)
 
     async def _deliver(
         self,
@@ -829,15 +861,17 @@ class FakeSlackServer:
     # ------------------------------------------------------------------ Web API methods
 
     def _auth_test(self, params: JSON) -> JSON:
-        return {
+        out: JSON = {
             "url": f"https://{TEAM_DOMAIN}.slack.com/",
             "team": TEAM_NAME,
             "user": BOT_NAME,
-            "team_id": TEAM_ID,
             "user_id": BOT_USER_ID,
             "bot_id": BOT_ID,
             "is_enterprise_install": False,
         }
+        if self.team_id is not None:
+            out["team_id"] = self.team_id
+        return out
 
     def _apps_connections_open(self, params: JSON) -> JSON:
         ticket = str(next(self._ticket_counter))

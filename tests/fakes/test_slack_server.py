@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -118,6 +119,23 @@ async def test_web_api_basics(fake: FakeSlackServer) -> None:
     assert no_text.value.response["error"] == "no_text"
     assert [c.status for c in fake.calls_to("auth.test")] == [200, 200]
     assert fake.calls_to("auth.test")[1].error == "invalid_auth"
+
+
+async def test_workspaces_are_chosen_per_payload(fake: FakeSlackServer) -> None:
+    event = fake.message_event("D1", "U1", "hi")
+    assert event["team"] == "T1"
+    assert "team" not in fake.message_event("D1", "U1", "hi", team=None)
+    body = fake.event_body(event, team_id="T2")
+    assert body["team_id"] == body["context_team_id"] == "T2"
+    assert body["authorizations"][0]["team_id"] == "T2" and body["event"] is event
+    assert fake.event_body(event)["team_id"] == "T1"
+    ts = await post_buttons(fake, "C1")
+    press = fake.block_actions("C1", "U1", ts, "x", "yes", team_id="T2")
+    assert press["team"]["id"] == press["user"]["team_id"] == "T2"
+    fake.team_id = "T3"
+    assert (await web_client(fake).auth_test())["team_id"] == "T3"
+    fake.team_id = None
+    assert "team_id" not in (await web_client(fake).auth_test()).data
 
 
 async def test_block_limits(fake: FakeSlackServer) -> None:
@@ -289,6 +307,10 @@ async def test_http_mode(fake: FakeSlackServer, http_bot: tuple[str, list[dict[s
     assert stale.status == 401
     retried = await fake.post_event(url, body, signing_secret=SECRET, retry_num=1)
     assert retried.status == 200
+    other = fake.event_body(fake.message_event("C3", "U1", "raw", mention=True))
+    raw = await fake.post_raw(url, json.dumps(other).encode(),
+                              content_type="application/json", signing_secret=SECRET)
+    assert raw.status == 200  # the bytes as given, signed like the others
 
     ts = await post_buttons(fake, "C1")
     pressed_resp = await fake.post_action(

@@ -1,0 +1,47 @@
+"""Private files and folders: what only the user running Tandem may read.
+
+The database holds every conversation and tool output, and the persona's memory holds
+what people told Tandem, so they are created private: folders 0700, files 0600. Nothing
+here changes the mode of a file or folder that already exists; `tandem doctor` warns
+about those instead (`too_open`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def private_dir(path: str | Path) -> Path:
+    """Create the folder `path` as 0700 (missing parents get the usual mode).
+
+    An existing folder is left as it is.
+    """
+    folder = Path(path)
+    folder.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    return folder
+
+
+def private_file(path: str | Path) -> bool:
+    """Create the empty file `path` as 0600, in one step; True if it was created.
+
+    An existing file is left as it is (False), and so is anything else already at
+    `path`, a symlink included: the link is not followed.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def too_open(path: str | Path) -> bool:
+    """Whether group or others have any access to `path` (False when it is missing)."""
+    try:
+        return os.stat(path).st_mode & 0o077 != 0
+    except OSError:
+        return False

@@ -1,0 +1,79 @@
+"""Untrusted content taints the conversation while the model can see it.
+
+A tool marked `untrusted` (a fetched page; later MCP results, uploads, fetched threads)
+returns content Tandem did not get from its users. While such a result is in the window
+the model sees (this turn, or an earlier one the trim has kept), a call that writes
+lasting state or sends data out (`Tool.lasting`), or that reaches a URL the users never
+gave (`Tool.reaches`: a URL the model composed can carry chat content out), asks a human
+whatever its policy says. The taint ends with `/new` or when the trim drops the content.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from bot.history import Msg
+from bot.tools import Registry, Tool, visible
+
+SOURCE_CHARS = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    source: str
+    """What was read, for the card: "web_fetch of https://…"."""
+
+    def reason(self) -> str:
+        return f"this conversation has read content from {self.source}"
+
+
+def taint(window: list[Msg], tools: Registry) -> Taint | None:
+    """The most recent untrusted result in `window`, if any."""
+    calls: dict[str, tuple[str, str]] = {}
+    found: Msg | None = None
+    for msg in window:
+        for call in msg.tool_calls:
+            calls[call.id] = (call.name, call.arguments)
+        if msg.role == "tool" and msg.name:
+            tool = tools.get(msg.name)
+            if tool is not None and tool.untrusted:
+                found = msg
+    if found is None or found.name is None:
+        return None
+    name, arguments = calls.get(found.tool_call_id or "", (found.name, "{}"))
+    return Taint(_describe(tools.get(name), name, arguments))
+
+
+def needs_human(window: list[Msg], turn: int, tool: Tool, args: dict[str, Any],
+                found: Taint) -> bool:
+    """Under taint, this call must be seen by a human before it runs."""
+    if tool.lasting:
+        return True
+    if tool.reaches is None:
+        return False
+    target = args.get(tool.reaches)
+    return not isinstance(target, str) or not _seen(window, turn, target)
+
+
+def _seen(window: list[Msg], turn: int, url: str) -> bool:
+    """`url` appears verbatim in what the users wrote, or in this turn's tool results."""
+    return any(url in msg.content for msg in window
+               if msg.role == "user" or (msg.role == "tool" and msg.turn == turn))
+
+
+def _describe(tool: Tool | None, name: str, arguments: str) -> str:
+    source = name
+    if tool is not None and tool.reaches is not None:
+        try:
+            target = json.loads(arguments or "{}").get(tool.reaches)
+        except (ValueError, AttributeError):
+            target = None
+        if isinstance(target, str) and target:
+            shown = target if len(target) <= SOURCE_CHARS else target[:SOURCE_CHARS] + "…"
+            source = f"{name} of {shown}"
+    return visible(source)
+
+
+__all__ = ["Taint", "needs_human", "taint"]
