@@ -95,7 +95,8 @@ class Console:
             self.restored.add(event.approval_id)
         body = "\n".join(f"    {line}" for line in event.summary.splitlines())
         still = "still waits to" if event.reminder else "wants to"
-        self._write(f"\nTandem {still} run `{event.tool}`:\n{body}\n"
+        why = f"{event.reason}\n" if event.reason else ""
+        self._write(f"\nTandem {still} run `{event.tool}`:\n{body}\n{why}"
                     "Approve? [y]es / [n]o / [a]lways in this chat\n")
 
     def _finish(self, text: str, suspended: bool) -> None:

@@ -165,6 +165,7 @@ def main() -> None:
     print(f"startup ({n} runs)…", flush=True)
     start = [asyncio.run(startup_once()) for _ in range(n)]
     store = [asyncio.run(store_per_turn()) for _ in range(n)]
+    redact = [bench("redact_bench.py") for _ in range(n)]
     rows = [
         ("Core time per turn, 10-message history (p50 / p99)",
          f"{median(core, '10', 'p50_ms'):.2f} / {median(core, '10', 'p99_ms'):.2f} ms",
@@ -206,6 +207,10 @@ def main() -> None:
         ("SQLite round trips / rows written per plain turn",
          f"{median(store, 'round_trips'):.1f} / {median(store, 'rows'):.1f}",
          "python benchmarks/run_all.py"),
+        ("Redaction of a 16 kB tool output, 8 known secrets (clean / 3 secrets inside, p50)",
+         f"{median(redact, 'clean shell output', 'p50_ms'):.3f} / "
+         f"{median(redact, 'three secrets inside', 'p50_ms'):.3f} ms",
+         "python benchmarks/redact_bench.py"),
     ]
     lines = [
         "# Benchmarks", "",

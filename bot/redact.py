@@ -22,15 +22,16 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE|CREDENT
                          re.IGNORECASE)
 """Environment variable names whose values are secrets."""
 TOKEN_SHAPES = (
-    # (a quick probe, the full shape): the shape only runs where the probe found something
-    (r"xox[abposr]-", r"xox[abposr]-[A-Za-z0-9-]{8,}"),  # Slack bot, user... tokens
-    (r"xapp-", r"xapp-[A-Za-z0-9-]{8,}"),                # Slack app-level tokens
-    (r"sk-", r"sk-[A-Za-z0-9_-]{12,}"),                  # OpenAI, Anthropic (sk-ant-...)
-    (r":[A-Za-z0-9_-]{30}", r"\d{6,12}:[A-Za-z0-9_-]{30,}"),  # Telegram bot tokens
-    (r"gh[pousr]_", r"gh[pousr]_[A-Za-z0-9]{20,}"),        # GitHub tokens
-    (r"github_pat_", r"github_pat_[A-Za-z0-9_]{20,}"),
-    (r"IA[0-9A-Z]{16}", r"(?:AKIA|ASIA)[0-9A-Z]{16}"),     # AWS access key ids
-    (r"AIza", r"AIza[0-9A-Za-z_-]{35}"),                  # Google API keys
+    # (a literal-led probe, the shape, at most how many digits before the probe it starts)
+    ("xox", r"xox[abposr]-[A-Za-z0-9-]{8,}", 0),           # Slack bot, user... tokens
+    ("xapp-", r"xapp-[A-Za-z0-9-]{8,}", 0),                # Slack app-level tokens
+    ("sk-", r"sk-[A-Za-z0-9_-]{12,}", 0),                  # OpenAI, Anthropic (sk-ant-...)
+    (":[A-Za-z0-9_-]{30}", r"\d{6,12}:[A-Za-z0-9_-]{30,}", 12),  # Telegram bot tokens
+    ("gh", r"gh[pousr]_[A-Za-z0-9]{20,}", 0),              # GitHub tokens
+    ("github_pat_", r"github_pat_[A-Za-z0-9_]{20,}", 0),
+    ("AKIA", r"AKIA[0-9A-Z]{16}", 0),                      # AWS access key ids
+    ("ASIA", r"ASIA[0-9A-Z]{16}", 0),
+    ("AIza", r"AIza[0-9A-Za-z_-]{35}", 0),                 # Google API keys
 )
 """No word boundaries: a shape matches wherever it appears, glued to other text too."""
 
@@ -41,16 +42,45 @@ def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     return [v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 8]
 
 
-_SHAPES = tuple((re.compile(probe), re.compile(shape)) for probe, shape in TOKEN_SHAPES)
+_SHAPES = tuple((re.compile(probe), re.compile(shape), digits)
+                for probe, shape, digits in TOKEN_SHAPES)
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """Where token shapes stand in `text`: the shape is tried only where its probe hit."""
+    spans = []
+    for probe, shape, digits in _SHAPES:
+        for hit in probe.finditer(text):
+            start = hit.start()
+            while digits and start > 0 and hit.start() - start < digits \
+                    and text[start - 1].isdigit():
+                start -= 1
+            found = shape.match(text, start)
+            if found is not None:
+                spans.append(found.span())
+    return spans
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` with each span (overlapping ones merged) replaced by the mark."""
+    out, last = [], 0
+    for start, end in sorted(spans):
+        if end <= last:
+            continue
+        out.append(text[last:max(start, last)])
+        out.append(MARK if start >= last else "")
+        last = end
+    out.append(text[last:])
+    return "".join(out)
 
 
 class Redactor:
     """Replaces known secrets and token shapes; `add` teaches it more (kept for good).
 
-    Known secrets are found by plain substring search and each shape by a literal-led
-    probe, so a clean 16 kB output costs one fast scan per secret and per shape (about
-    0.1 ms; `benchmarks/redact_bench.py`) instead of a regex alternation tried at every
-    position."""
+    Known secrets are found by plain substring search and each shape is tried only where
+    its literal-led probe hit, so a 16 kB output costs one fast scan per secret and per
+    shape (about 0.1 ms; `benchmarks/redact_bench.py`) instead of a regex alternation
+    tried at every position."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: tuple[str, ...] = ()
@@ -59,7 +89,7 @@ class Redactor:
     def add(self, secrets: Iterable[str]) -> None:
         new = {s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}
         # a secret that a shape matches whole is found by that shape wherever it stands
-        new = {s for s in new if not any(shape.fullmatch(s) for _, shape in _SHAPES)}
+        new = {s for s in new if not any(shape.fullmatch(s) for _, shape, _ in _SHAPES)}
         # longest first, so a secret that contains another is replaced whole
         self._secrets = tuple(sorted({*self._secrets, *new}, key=lambda s: (-len(s), s)))
 
@@ -69,10 +99,8 @@ class Redactor:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, MARK)
-        for probe, shape in _SHAPES:
-            if probe.search(text):
-                text = shape.sub(MARK, text)
-        return text
+        spans = _shapes(text)
+        return _cut(text, spans) if spans else text
 
     __call__ = redact
 

@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
-from bot import compaction, policy
+from bot import compaction, policy, taint
 from bot import turn as t
-from bot.breakers import Ledger
-from bot.config import Breakers, Config
+from bot.config import Config
 from bot.conversation import Conversation
 from bot.errors import ModelError, ToolError, TurnTooLong, user_message
 from bot.events import (
@@ -148,7 +147,7 @@ class Runner:
         for msg in stored:
             conv.append(msg)
         await self._trim(conv)
-        ledger = conv.ledger if unattended else _forgive(conv.ledger, self.limits)
+        ledger = conv.ledger if unattended else conv.ledger.forgive(self.limits.same_call_failures)
         conv.turn = t.TurnState(turn=number, max_steps=self.d.config.limits.max_steps,
                                 unattended=unattended, requester=requester, ledger=ledger)
         return True
@@ -162,8 +161,9 @@ class Runner:
         dropped = [m for m in conv.history[:conv.cut] if (m.id or 0) > conv.summary_through]
         if not dropped:
             return
-        text = await compaction.summarize(self.d.model, dropped, conv.summary,
-                                          self.d.config.context.summary_max_tokens)
+        text = await compaction.summarize(self.d.model, taint.without_untrusted(dropped,
+                                                                               self.d.tools),
+                                          conv.summary, self.d.config.context.summary_max_tokens)
         if text is None:  # the plain trim stands
             return
         through = max(m.id or 0 for m in dropped)
@@ -384,14 +384,6 @@ class Runner:
                         scratch: _Scratch, tool: str | None = None) -> None:
         await self.d.emit(Progress(conv.row.key, state.turn, phase, scratch.text, tool,
                                    time.monotonic() - scratch.started))
-
-
-def _forgive(ledger: Ledger, limits: Breakers) -> Ledger:
-    """A person asking again gets another try: streaks that would block a tool go."""
-    for name in {e.name for e in ledger.entries}:
-        if ledger.failures(name) >= limits.same_call_failures:
-            ledger = ledger.record(name, "{}", Outcome.OK)
-    return ledger
 
 
 def _tool_outcome(task: asyncio.Future[str], name: str, limit: int,

@@ -11,7 +11,7 @@ whatever its policy says. The taint ends with `/new` or when the trim drops the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.history import Msg
@@ -46,6 +46,19 @@ def taint(window: list[Msg], tools: Registry) -> Taint | None:
     return Taint(_describe(tools.get(name), name, arguments))
 
 
+def without_untrusted(messages: list[Msg], tools: Registry) -> list[Msg]:
+    """`messages` with untrusted results left out, for a summary that outlives the window
+    (so the taint ends when the trim drops the content, summary or not)."""
+    out = []
+    for msg in messages:
+        tool = tools.get(msg.name) if msg.role == "tool" and msg.name else None
+        if tool is not None and tool.untrusted:
+            msg = replace(msg, content=f"[the result of {msg.name} is left out: it came from "
+                                       "outside and is not kept]")
+        out.append(msg)
+    return out
+
+
 def needs_human(window: list[Msg], turn: int, tool: Tool, args: dict[str, Any],
                 found: Taint) -> bool:
     """Under taint, this call must be seen by a human before it runs."""
@@ -76,4 +89,4 @@ def _describe(tool: Tool | None, name: str, arguments: str) -> str:
     return visible(source)
 
 
-__all__ = ["Taint", "needs_human", "taint"]
+__all__ = ["Taint", "needs_human", "taint", "without_untrusted"]
