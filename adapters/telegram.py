@@ -3,7 +3,10 @@
 Inbound: a handler decides whether a group message is for Tandem, normalizes it and
 hands it to `hub.submit`. The hub checks access (`bot.access`, fails closed) before
 anything else, and dedupes `tg:<update_id>` refs, so a redelivered update is answered
-once; a stranger gets the hub's refusal, with their id, once per process. Outbound:
+once; a stranger gets the hub's refusal, with their id, once per process. A button
+press changes nothing here until the hub took it: after a restart an approval card is
+known only from a decision the hub accepted, pressed on a message of Tandem's that shows
+that approval's buttons, so no other message is ever edited as the card. Outbound:
 one `LiveMessage` per turn, at most one edit per second per chat; Markdown goes out as
 Telegram HTML. Typing shows after `typing_delay`, the placeholder after
 `placeholder_delay`: a quick answer arrives as one message rather than a placeholder and
@@ -136,6 +139,8 @@ class TelegramAdapter:
         self._running = False
         self._turns: dict[ConvKey, _Turn] = {}
         self._cards: dict[str, _Card] = {}
+        self._unshown: OrderedDict[str, str] = OrderedDict()
+        """Outcome lines of approvals resolved while their card was unknown."""
         self._names: dict[str, str] = {}
         self._refused: set[str] = set()
         self._recent: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -293,13 +298,13 @@ class TelegramAdapter:
         ref = f"tg:cb:{query.id}"
         match data:
             case ApprovalButton(approval_id, verdict):
-                added = self._remember_card(approval_id, query.message)
                 receipt = await self.hub.submit(Decision(conv, user, approval_id, verdict, ref))
-                if added and not receipt.accepted:  # a refused press leaves nothing behind
-                    self._cards.pop(approval_id, None)
+                if receipt.accepted:  # the requester or an approver, in the card's chat
+                    await self._learn_card(query.message, approval_id)
             case CancelButton(turn):
                 receipt = self.hub.cancel(Cancel(conv, user, ref, turn))
-                if receipt.accepted and not self._live_here(conv, query.message.message_id):
+                if receipt.accepted and (query.data or "") in self._buttons(query.message) \
+                        and not self._live_here(conv, query.message.message_id):
                     # a placeholder whose reply was lost: its turn is over
                     await self.api.clear_buttons(query.message.chat.id,
                                                  query.message.message_id)
@@ -319,13 +324,38 @@ class TelegramAdapter:
         refs = turn.live.refs
         return not refs or any(r.message_id == message_id for r in refs)
 
-    def _remember_card(self, approval_id: str, message: MaybeInaccessibleMessage) -> bool:
-        """After a restart a card is known only from the press on it; True when added."""
-        if approval_id not in self._cards and isinstance(message, Message) and message.text:
-            self._cards[approval_id] = _Card(message.chat.id, message.message_id,
-                                             message.text_html)
-            return True
-        return False
+    def _buttons(self, message: MaybeInaccessibleMessage) -> list[str]:
+        """The button data of a message Tandem posted. The message is Telegram's own copy:
+        a forged press may name any data on any message, but never changes the message."""
+        if not isinstance(message, Message) or message.from_user is None \
+                or message.from_user.id != self.bot_id or message.reply_markup is None:
+            return []
+        return [button.callback_data for row in message.reply_markup.inline_keyboard
+                for button in row if isinstance(button.callback_data, str)]
+
+    def _shows(self, message: MaybeInaccessibleMessage, approval_id: str) -> bool:
+        """The message is Tandem's card for this approval (it has only its buttons)."""
+        buttons = [unpack(data) for data in self._buttons(message)]
+        return bool(buttons) and all(isinstance(b, ApprovalButton) and
+                                     b.approval_id == approval_id for b in buttons)
+
+    async def _learn_card(self, message: MaybeInaccessibleMessage, approval_id: str) -> None:
+        """After a restart a card is known only from a decision the hub took, pressed on
+        it: only a message showing this approval's buttons is its card. It is remembered
+        before the first await, so before the lane can resolve the approval; one that a
+        concurrent press resolved first shows its outcome now."""
+        if approval_id in self._cards or not isinstance(message, Message) \
+                or not message.text or not self._shows(message, approval_id):
+            return
+        card = _Card(message.chat.id, message.message_id, message.text_html)
+        line = self._unshown.pop(approval_id, None)
+        if line is None:
+            self._cards[approval_id] = card
+            return
+        try:
+            await self._show_outcome(card, line)
+        except (TelegramError, RetryLater):
+            log.warning("Telegram: could not show an approval's outcome", exc_info=True)
 
     async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool) -> None:
         try:
@@ -439,7 +469,7 @@ class TelegramAdapter:
                 f"The full {event.tool} call awaiting approval.")
             reply_to = sent.message_id
         card = render.approval_card(event.tool, event.summary, requester, event.expires_in_s,
-                                    file_name)
+                                    file_name, event.reason)
         ids = [(label, pack(ApprovalButton(event.approval_id, verdict))) for label, verdict in
                (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
                 ("♾️ Always in this chat", Verdict.ALWAYS))]
@@ -451,12 +481,19 @@ class TelegramAdapter:
         by = (event.by.name or event.by.id) if event.by is not None else None
         line = render.outcome_line(event.outcome, by)
         card = self._cards.pop(event.approval_id, None)
-        if card is not None:
-            edited = Posted(card.chat, None, card.message_id)
-            if await self.api.edit(edited, f"{card.html}\n\n{line}", None, None, final=True):
-                return
+        if card is not None and await self._show_outcome(card, line):
+            return
+        if card is None:  # a press may show where it is later
+            self._unshown[event.approval_id] = line
+            while len(self._unshown) > 1000:
+                self._unshown.popitem(last=False)
         chat, thread = _where(event.conv)
         await self.api.send(chat, thread, line, render.plain(line))
+
+    async def _show_outcome(self, card: _Card, line: str) -> bool:
+        """The card with its outcome and no buttons; False when it is gone."""
+        edited = Posted(card.chat, None, card.message_id)
+        return await self.api.edit(edited, f"{card.html}\n\n{line}", None, None, final=True)
 
     async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
         chat, thread = _where(conv)

@@ -3,9 +3,10 @@ in what users write.
 
 `to_html` turns the Markdown a model writes into the HTML subset Telegram accepts:
 **bold**, *italic*, ~~strike~~, `code`, fenced code (`<pre><code class="language-x">`),
-[links](https://…), `#` headings (bold) and `-`/`*` bullets (•). Everything else is
-text with only `& < >` escaped, and tags always nest properly, so any input gives HTML
-Telegram parses. Unclosed markers stay literal; an unclosed code fence (a streaming
+[links](https://…) (to `http(s)` and `mailto` only), `#` headings (bold) and `-`/`*`
+bullets (•). Everything else is text with only `& < >` escaped (the model's own HTML
+included, so it never makes a tag), and tags always nest properly, so any input gives
+HTML Telegram parses. Unclosed markers stay literal; an unclosed code fence (a streaming
 answer) runs to the end. The visible text is never longer than the Markdown.
 """
 
@@ -21,7 +22,9 @@ _HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _TOKEN = re.compile(r"\\[!-/:-@\[-`{-~]|`+|\*\*|__|~~|\*|_|\[")
 _LINK = re.compile(r"\[([^\]\n]+)\]\(([^()\s]+)\)")
-_SAFE_URL = re.compile(r"(https?://|tg://|mailto:)\S+", re.IGNORECASE)
+_SAFE_URL = re.compile(r"(?:https?://|mailto:)[^\s<>\"']+", re.IGNORECASE)
+"""Only web and mail links: `tg://user?id=…` would mention (and ping) a user, and
+other schemes (`javascript:`, `data:`, `tg://resolve`…) stay text."""
 _COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]+))?(?:\s+|$)(.*)", re.DOTALL)
 _TAGS = {"**": "b", "__": "b", "*": "i", "_": "i", "~~": "s"}
 _WORDY = ("_", "__")
@@ -165,15 +168,18 @@ def duration(seconds: float) -> str:
 
 
 def approval_card(tool: str, summary: str, requester: str, expires_in_s: float,
-                  file_name: str | None = None) -> str:
-    """The card's HTML; with `file_name`, the summary is in that attached file."""
+                  file_name: str | None = None, reason: str | None = None) -> str:
+    """The card's HTML; with `file_name`, the summary is in that attached file; `reason`
+    says why Tandem asks although its policy would allow the call."""
     head = f"🔐 Tandem wants to run <code>{escape(tool)}</code>"
     if file_name is None:
         body = f"{head}:\n<pre>{escape(summary) or ' '}</pre>"
     else:
         body = (f"{head}. The full call ({len(summary):,} characters) is in the attached "
                 f"file <code>{escape(file_name)}</code>: read it before you approve.")
-    return f"{body}\nRequested by {escape(requester)} · expires in {duration(expires_in_s)}"
+    why = f"\n⚠️ {escape(reason)}" if reason else ""
+    return (f"{body}{why}\nRequested by {escape(requester)} · "
+            f"expires in {duration(expires_in_s)}")
 
 
 def outcome_line(outcome: str, by: str | None) -> str:

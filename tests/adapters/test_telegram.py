@@ -418,6 +418,70 @@ async def test_press_after_restart_runs(tmp_path: Path, model: FakeModelServer,
     assert model.violations == []
 
 
+@pytest.mark.parametrize(("chat", "presser", "together"),
+                         [(BOB, BOB, False), (GROUP, ANN, False), (BOB, BOB, True)],
+                         ids=["another-user-in-their-chat", "the-requester-in-another-chat",
+                              "arriving-with-the-real-press"])
+async def test_a_press_from_another_chat_after_a_restart_edits_nothing(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram, chat: int, presser: int,
+        together: bool) -> None:
+    # After a restart the adapter knows no card; a forged press naming the real id from
+    # another chat is refused, and neither it nor the real press later edits that message.
+    model.script(Reply(text="Hello there."), Reply(tool_calls=[ECHO]), Reply(text="Done."))
+    kind = "private" if chat > 0 else "supergroup"
+    async with rig(tmp_path, model, fake, allowed_users=[ANN, BOB]) as first:
+        fake.push_message(chat, presser, "@tandem_bot hello", chat_type=kind)
+        elsewhere = await first.answered(chat, "Hello there.")
+        fake.push_message(ANN, ANN, "write it")
+        card, approval_id = await first.card(ANN)
+        await first.hub.idle()
+    before = (elsewhere.text, elsewhere.reply_markup, elsewhere.edits)
+    forged = fake.push_callback(chat, presser, elsewhere.message_id,
+                                pack(ApprovalButton(approval_id, Verdict.APPROVE)), forged=True)
+    if together:  # handled at the same time as the forged press
+        first.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
+    async with rig(tmp_path, model, fake, allowed_users=[ANN, BOB]) as second:
+        await second.until(lambda: forged in fake.callback_answers)
+        assert fake.callback_answers[forged]["show_alert"]
+        if not together:
+            await second.settle()
+            assert not (second.workspace / "out.txt").exists()
+            second.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
+        await second.answered(ANN, "Done.")
+        await second.until(lambda: "✅ Approved by Ann" in fake.message(ANN, card.message_id).text)
+        await second.hub.idle()
+    assert fake.message(ANN, card.message_id).reply_markup is None
+    shown = fake.message(chat, elsewhere.message_id)
+    assert (shown.text, shown.reply_markup, shown.edits) == before
+    assert (second.workspace / "out.txt").exists()
+    assert model.violations == []
+
+
+async def test_a_press_on_another_message_after_a_restart_never_edits_it(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    # The requester's own press in the right chat counts, but the message pressed is not
+    # the card: the outcome goes out as a line of its own.
+    model.script(Reply(text="Hello there."), Reply(tool_calls=[ECHO]), Reply(text="Done."))
+    async with rig(tmp_path, model, fake) as first:
+        fake.push_message(ANN, ANN, "hello")
+        other = await first.answered(ANN, "Hello there.")
+        fake.push_message(ANN, ANN, "write it")
+        card, approval_id = await first.card(ANN)
+        await first.hub.idle()
+    before = (other.text, other.reply_markup, other.edits)
+    async with rig(tmp_path, model, fake) as second:
+        fake.push_callback(ANN, ANN, other.message_id,
+                           pack(ApprovalButton(approval_id, Verdict.APPROVE)), forged=True)
+        await second.answered(ANN, "Done.")
+        await second.until(lambda: "✅ Approved by Ann" in fake.bot_texts(ANN))
+        await second.hub.idle()
+    shown = fake.message(ANN, other.message_id)
+    assert (shown.text, shown.reply_markup, shown.edits) == before
+    assert fake.message(ANN, card.message_id).text == card.text
+    assert (second.workspace / "out.txt").exists()
+    assert model.violations == []
+
+
 async def test_long_call_goes_into_a_file(tmp_path: Path, model: FakeModelServer,
                                           fake: FakeTelegram) -> None:
     command = "echo " + " ".join(f"word{i}" for i in range(800)) + " > long.txt"
@@ -460,6 +524,27 @@ async def test_cancel_while_streaming(tmp_path: Path, model: FakeModelServer,
         fake.push_message(ANN, ANN, "next")
         await r.answered(ANN, "fresh start")
         await r.hub.idle()
+    assert model.violations == []
+
+
+async def test_a_cancel_press_on_another_message_leaves_its_buttons(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(tool_calls=[ECHO]), Reply(text="done"))
+    async with rig(tmp_path, model, fake) as r:
+        fake.push_message(ANN, ANN, "write it")
+        card, approval_id = await r.card(ANN)
+        before = (card.text, copy.deepcopy(card.reply_markup), card.edits)
+        query = fake.push_callback(ANN, ANN, card.message_id, pack(CancelButton(99)),
+                                   forged=True)
+        await r.until(lambda: "That turn is already over." in fake.bot_texts(ANN))
+        await r.settle()
+        assert query in fake.callback_answers
+        shown = fake.message(ANN, card.message_id)
+        assert (shown.text, shown.reply_markup, shown.edits) == before
+        r.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
+        await r.answered(ANN, "done")
+        await r.hub.idle()
+    assert (r.workspace / "out.txt").exists()
     assert model.violations == []
 
 

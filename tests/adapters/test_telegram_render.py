@@ -4,6 +4,8 @@ The HTML is checked with the fake server's parser, which is as strict as Telegra
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,6 +56,33 @@ def test_markdown_to_html(markdown: str, html: str) -> None:
     visible(html)  # Telegram accepts it
 
 
+@pytest.mark.parametrize(("markdown", "url"), [
+    ("[x](tg://user?id=1)", None),
+    ("ping [Ann](TG://user?id=123456789) now", None),
+    ("[join](tg://resolve?domain=spam_bot&start=x)", None),
+    ("[bad](javascript:alert(1))", None),
+    ("[img](data:text/html;base64,PHNjcmlwdD4=)", None),
+    ("[x](https:tg://user?id=1)", None),
+    ("[x](&#116;g://user?id=1)", None),
+    ('[x](https://a.b/"><a/href="tg://user?id=1">)', None),
+    ('<a href="tg://user?id=1">hi</a>', None),
+    ("<a href='tg://user?id=1'>hi</a> and <a href=javascript:alert(1)>x</a>", None),
+    ("**[x](tg://user?id=1)**", None),
+    ("[docs](https://example.com/a?b=1&c=2)", "https://example.com/a?b=1&c=2"),
+    ("[site](HTTP://EXAMPLE.COM/)", "HTTP://EXAMPLE.COM/"),
+    ("[mail](mailto:ann@example.com)", "mailto:ann@example.com"),
+])
+def test_links_only_to_the_web_and_mail(markdown: str, url: str | None) -> None:
+    html_text = to_html(markdown)
+    _, entities = parse_text(html_text, "HTML", None)
+    links = [e["url"] for e in entities if e["type"] == "text_link"]
+    assert links == ([url] if url else [])
+    hrefs = re.findall(r"<a\s[^>]*>", html_text, flags=re.IGNORECASE)
+    assert len(hrefs) == len(links)  # every tag is one Tandem made, for a web or mail link
+    assert all(re.match(r'<a href="(https?://|mailto:)', tag, flags=re.IGNORECASE)
+               for tag in hrefs)
+
+
 def test_model_html_is_shown_as_text() -> None:
     text, kinds = visible(to_html("Use <b>unclosed and <foo>bar</foo> & co"))
     assert text == "Use <b>unclosed and <foo>bar</foo> & co" and kinds == []
@@ -96,6 +125,13 @@ def test_approval_card() -> None:
     assert text == ("🔐 Tandem wants to run shell:\nrm -rf build/ && echo <done>\n"
                     "Requested by Ann · expires in 30 min")
     assert kinds == ["code", "pre"]
+
+
+def test_approval_card_says_why_it_asks() -> None:
+    reason = "Asked because this conversation has read content from web_fetch of <x>."
+    text, _ = visible(approval_card("remember", "a fact", "Ann", 60, reason=reason))
+    assert text == ("🔐 Tandem wants to run remember:\na fact\n"
+                    f"⚠️ {reason}\nRequested by Ann · expires in 60 s")
 
 
 def test_approval_card_for_a_long_call_points_to_the_file() -> None:
