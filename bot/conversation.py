@@ -41,6 +41,9 @@ class Conversation:
     """The model's summary of the turns trimmed away (with `context.summary`)."""
     summary_through: int = 0
     """Id of the last message the summary covers."""
+    unread: set[str] = field(default_factory=set)
+    """Calls that finished without running (denied, expired, skipped, interrupted): their
+    results are Tandem's own words, so they hold nothing read from outside."""
     _prefix: _Prefix = field(default_factory=lambda: _Prefix())
     """Sanitized wire messages of the finished turns in view (extended, never redone)."""
 

@@ -10,6 +10,8 @@ The breakers run before this, in `bot.turn.decide`.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from bot import taint
 from bot import turn as t
 from bot.config import Config
@@ -21,8 +23,9 @@ from bot.tools import Registry, parse_arguments
 
 async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
                   call: ToolCall, *, unattended: bool, window: list[Msg] | None = None,
-                  turn: int = 0) -> t.Verdict:
-    """`window` is what the model sees (for the taint rule) and `turn` the current one."""
+                  turn: int = 0, unread: Container[str] = frozenset()) -> t.Verdict:
+    """`window` is what the model sees (for the taint rule), `turn` the current one, and
+    `unread` the calls that finished without running."""
     tool = tools.get(call.name)
     if tool is None:
         return t.Refuse(Outcome.ERROR, f"error: there is no tool named `{call.name}`; "
@@ -38,7 +41,8 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
                         f"denied: the `{call.name}` tool is disabled by Tandem's policy")
     if await store.has_rule(conv_id, call.name, tool.rule_key(args)):
         return t.Allow()  # a human allowed this exact call here for good
-    found = taint.taint(window, tools) if window and (tool.lasting or tool.reaches) else None
+    found = (taint.taint(window, tools, unread) if window and (tool.lasting or tool.reaches)
+             else None)
     if found is not None and taint.needs_human(window or [], turn, tool, args, found):
         if unattended:
             return t.Refuse(Outcome.DENIED, f"denied: {found.reason()}, and in a scheduled run "

@@ -22,7 +22,7 @@ from bot.conversations import Conversations
 from bot.events import ApprovalRequested, ConvKey, Event, Inbound, User
 from bot.history import CallState
 from bot.intake import replay
-from bot.runner import Runner
+from bot.runner import RAN, Runner
 from bot.store import CallRow, Store
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
     finished = await store.finished_calls(row.id, row.session, LEDGER_REPLAY)
     conv.ledger = Ledger.replay(limits.ledger_size, [
         (c.call.name, c.call.arguments, c.outcome) for c in finished if c.outcome])
+    conv.unread = {c.call.id for c in finished if c.outcome and c.outcome not in RAN}
     summary = await store.summary(row.id, row.session)
     if summary is not None:
         conv.summary_through, conv.summary = summary

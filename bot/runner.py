@@ -19,7 +19,7 @@ from bot import compaction, policy, taint
 from bot import turn as t
 from bot.config import Config
 from bot.conversation import Conversation
-from bot.errors import ModelError, ToolError, TurnTooLong, user_message
+from bot.errors import ModelError, TurnTooLong, user_message
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -36,10 +36,12 @@ from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
 from bot.prompt import Prompt, Request
 from bot.redact import Redactor
 from bot.store import ApprovalRow, Store, Usage
-from bot.tools import Registry, ToolContext, cap, parse_arguments
+from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
 
 log = logging.getLogger(__name__)
 CANCEL_EVERY_CHUNKS = 8
+RAN = frozenset({Outcome.OK, Outcome.ERROR})
+"""Outcomes whose result may hold what the tool returned (the others are Tandem's words)."""
 PROGRESS_TICK_S = 5.0
 
 Emit = Callable[[Event], Awaitable[None]]
@@ -95,13 +97,7 @@ class Runner:
                 case t.SetCall(call_id, call_state):
                     await self.d.store.set_call(row.id, row.session, call_id, call_state)
                 case t.Finish(call_id, outcome, text):
-                    record = state.record(call_id)
-                    assert record is not None
-                    stored = await self.d.store.set_call(
-                        row.id, row.session, call_id, CallState.FINISHED, outcome,
-                        tool_result(record.call, text, state.turn))
-                    assert stored is not None
-                    conv.append(stored)
+                    await self._finished(conv, state, call_id, outcome, text)
                 case t.Ask(call_id, approval_id, summary, expires, reason):
                     record = state.record(call_id)
                     assert record is not None
@@ -129,6 +125,18 @@ class Runner:
             await self.d.emit(event)
         if closed is not None and closed.text is not None:
             await self.d.emit(TurnEnded(row.key, state.turn, closed.text, closed.reason.value))
+
+    async def _finished(self, conv: Conversation, state: t.TurnState, call_id: str,
+                        outcome: Outcome, text: str) -> None:
+        record = state.record(call_id)
+        assert record is not None
+        stored = await self.d.store.set_call(
+            conv.row.id, conv.row.session, call_id, CallState.FINISHED, outcome,
+            tool_result(record.call, text, state.turn))
+        assert stored is not None
+        conv.append(stored)
+        if outcome not in RAN:
+            conv.unread.add(call_id)
 
     # -- a new turn -------------------------------------------------------------------
 
@@ -321,7 +329,8 @@ class Runner:
                       record: t.CallRecord) -> t.Step:
         verdict = await policy.verdict(self.d.config, self.d.tools, self.d.store, conv.row.id,
                                        record.call, unattended=state.unattended,
-                                       window=conv.window(), turn=state.turn)
+                                       window=conv.window(), turn=state.turn,
+                                       unread=conv.unread)
         return t.decide(state, self.limits, record.call.id, verdict)
 
     # -- Run: one allowed call --------------------------------------------------------
@@ -358,8 +367,8 @@ class Runner:
                             Outcome.INTERRUPTED,
                             "interrupted: the user cancelled while this was running")
         else:
-            outcome, text = _tool_outcome(task, call.name,
-                                          self.d.config.limits.tool_output_chars, self.d.redact)
+            outcome, text = outcome_of(task, call.name, self.d.config.limits.tool_output_chars,
+                                       self.d.redact)
             step = t.finish(conv.turn, self.limits, call.id, outcome, text)
         await self.apply(conv, step)
 
@@ -384,16 +393,3 @@ class Runner:
                         scratch: _Scratch, tool: str | None = None) -> None:
         await self.d.emit(Progress(conv.row.key, state.turn, phase, scratch.text, tool,
                                    time.monotonic() - scratch.started))
-
-
-def _tool_outcome(task: asyncio.Future[str], name: str, limit: int,
-                  redact: Redactor) -> tuple[Outcome, str]:
-    """The result the model sees: redacted first (a cap could cut a secret in two),
-    then capped."""
-    exc = task.exception()
-    if exc is None:
-        return Outcome.OK, cap(redact(task.result()), limit)
-    if isinstance(exc, ToolError):
-        return Outcome.ERROR, cap(redact(f"error: {exc}"), limit)
-    log.error("tool %s crashed", name, exc_info=exc)
-    return Outcome.ERROR, f"error: `{name}` failed unexpectedly (details are in Tandem's logs)"

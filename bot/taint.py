@@ -11,6 +11,7 @@ whatever its policy says. The taint ends with `/new` or when the trim drops the 
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,8 +30,10 @@ class Taint:
         return f"this conversation has read content from {self.source}"
 
 
-def taint(window: list[Msg], tools: Registry) -> Taint | None:
-    """The most recent untrusted result in `window`, if any."""
+def taint(window: list[Msg], tools: Registry,
+          unread: Container[str] = frozenset()) -> Taint | None:
+    """The most recent untrusted result in `window`, if any; calls in `unread` never ran,
+    so their results are not content from outside."""
     calls: dict[str, tuple[str, str]] = {}
     found: Msg | None = None
     for msg in window:
@@ -38,7 +41,7 @@ def taint(window: list[Msg], tools: Registry) -> Taint | None:
             calls[call.id] = (call.name, call.arguments)
         if msg.role == "tool" and msg.name:
             tool = tools.get(msg.name)
-            if tool is not None and tool.untrusted:
+            if tool is not None and tool.untrusted and msg.tool_call_id not in unread:
                 found = msg
     if found is None or found.name is None:
         return None

@@ -7,7 +7,9 @@ A tool returns text for the model or raises `ToolError` (its message goes to the
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from bot.errors import ToolError
+from bot.history import Outcome
+
+log = logging.getLogger(__name__)
 
 Runner = Callable[["ToolContext", dict[str, Any]], Awaitable[str]]
 
@@ -141,3 +146,16 @@ def require_str(args: dict[str, Any], key: str, *, allow_empty: bool = False) ->
     if not isinstance(value, str) or (not allow_empty and not value):
         raise ToolError(f"`{key}` is required and must be a string")
     return value
+
+
+def outcome_of(task: asyncio.Future[str], name: str, limit: int,
+               redact: Callable[[str], str]) -> tuple[Outcome, str]:
+    """What a finished tool task gives the model: redacted first (a cap could cut a
+    secret in two), then capped. A crash is logged; the model gets one plain line."""
+    exc = task.exception()
+    if exc is None:
+        return Outcome.OK, cap(redact(task.result()), limit)
+    if isinstance(exc, ToolError):
+        return Outcome.ERROR, cap(redact(f"error: {exc}"), limit)
+    log.error("tool %s crashed", name, exc_info=exc)
+    return Outcome.ERROR, f"error: `{name}` failed unexpectedly (details are in Tandem's logs)"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bot.errors import ToolError
 from bot.events import ApprovalRequested, ConvKey, Notice, Phase, Progress, TurnEnded, User
 from bot.redact import MARK, Redactor, environment_secrets
-from bot.runner import _tool_outcome
+from bot.tools import outcome_of
 
 SIGNING = "3f9c2b7a1d8e4f60a5b9c3d2e1f0a7b6"
 TOKEN = "123456789:AAFakeTelegramTokenValue1234567890abcd"
@@ -78,7 +78,7 @@ def test_a_capped_tool_output_is_redacted_before_the_cut() -> None:
         for make in (result, failure):
             task = asyncio.ensure_future(make())
             await asyncio.gather(task, return_exceptions=True)
-            done.append(_tool_outcome(task, "shell", 1000, redact)[1])
+            done.append(outcome_of(task, "shell", 1000, redact)[1])
         return done
 
     for out in asyncio.run(outcomes()):
