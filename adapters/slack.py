@@ -18,11 +18,16 @@ another workspace (the envelope's `team_id`, the event's `team`/`user_team`, the
 each such workspace is logged once. A payload that names none is let through.
 
 Every event is acked by bolt before any work; button presses and slash commands call
-`ack()` first. Inbound is handed to `Hub.submit`, which checks access first
-(`bot.access`: ids, and the user's workspace against the bot's) and returns at
-once; a stranger gets the hub's refusal, privately. Each message's
-ref `slack:<channel>:<ts>` makes the `app_mention`/`message` pair, Slack's retries and
-Socket Mode redeliveries collapse into one answer, across restarts too.
+`ack()` first. A payload no listener takes is acked too (bolt's default, a 404, makes
+Slack send it again). In HTTP mode a signed body bolt could not read is a 400 with one log
+line (`_signed_only`, `render.odd_shape`); a request that hits a bug in Tandem's own code
+is logged with its traceback (`_failed`).
+
+Inbound is handed to `Hub.submit`, which checks access first (`bot.access`: ids, and the
+user's workspace against the bot's) and returns at once; a stranger gets the hub's refusal,
+privately. Each message's ref `slack:<channel>:<ts>` makes the `app_mention`/`message`
+pair, Slack's retries and Socket Mode redeliveries collapse into one answer, across
+restarts too.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.internals import parse_body
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
@@ -118,7 +124,9 @@ def _signed_only(secret: str) -> Any:
     """Refuse (401) anything not signed with `secret` within 5 minutes, malformed headers
     and bodies that are not UTF-8 (Slack's signature is over UTF-8 text) included, and
     (400, one log line) a signed body bolt could not read, before bolt parses it: bolt
-    would answer that with a 500, which Slack retries."""
+    would answer that with a 500, which Slack retries. Whatever bolt still raises outside
+    its own error handling (building its request, or in that handler) is answered as
+    `_failed` decides, never with aiohttp's 500 and traceback."""
     verifier = SignatureVerifier(secret)
 
     def signed(body: bytes, stamp: str, signature: str) -> bool:
@@ -138,7 +146,12 @@ def _signed_only(secret: str) -> Any:
         if problem is not None:
             log.warning("slack: refused a signed request whose body is %s", problem)
             return web.json_response({"error": "invalid payload"}, status=400)
-        response: web.StreamResponse = await handler(request)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # past bolt's own error handler; see `_failed`
+            return web.json_response({"error": "request failed"}, status=_failed(exc))
         return response
 
     return check
@@ -155,9 +168,52 @@ def _unreadable(raw: bytes, content_type: str, charset: str | None) -> str | Non
         return "not valid JSON"
     if not isinstance(body, dict):
         return "not a JSON object"
-    if isinstance(body.get("type"), str) or "command" in body or "ssl_check" in body:
-        return None
-    return "without a type"
+    if not (isinstance(body.get("type"), str) or "command" in body or "ssl_check" in body):
+        return "without a type"
+    odd = render.odd_shape(body)
+    return None if odd is None else f"misshapen: {odd}"
+
+
+async def _on_bolt_error(error: Exception, body: dict[str, Any],
+                         response: BoltResponse | None) -> BoltResponse | None:
+    """Bolt's error handler (`app.error`), in both modes, for what its dispatch raised.
+
+    A payload no listener takes (an event or interaction Tandem does not handle) is acked
+    with an empty 200: bolt's default is a 404 that Slack retries. Any other error is
+    logged once by `_failed`; when it came before the ack (after one, bolt passes no
+    `response`), the request is answered with the status `_failed` picks."""
+    if isinstance(error, BoltUnhandledRequestError):
+        log.debug("slack: acked a %s payload that nothing handles",
+                  _str(body.get("type")) or "typeless")
+        return BoltResponse(status=200, body="")
+    status = _failed(error)
+    return None if response is None else BoltResponse(status=status, body="")
+
+
+def _failed(error: BaseException) -> int:
+    """Log what handling a request raised, once, and the status to answer it with.
+
+    Raised with Tandem's code on the stack (a listener, the workspace check): Tandem's bug,
+    logged with its traceback, a 500. Raised inside slack-bolt alone: a payload of a shape
+    `render.odd_shape` does not know that bolt could not read, one line, a 400 (Slack
+    retries a 5xx, and the same payload would fail the same way again)."""
+    if _raised_in_tandem(error):
+        log.error("slack: handling a request failed", exc_info=error)
+        return 500
+    what = f"{type(error).__name__}: {error}".replace("\n", " ")[:200]
+    log.warning("slack: refused a payload slack-bolt could not read (%s)", what)
+    return 400
+
+
+def _raised_in_tandem(error: BaseException) -> bool:
+    """Whether a frame of Tandem's (`adapters`, `bot`) lies between the frame that caught
+    `error` and the one that raised it."""
+    tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("adapters.", "bot.")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _home_team(configured: str | None, auth: AsyncSlackResponse) -> str:
@@ -289,8 +345,12 @@ class SlackAdapter:
         log.info("slack: listening for events on %s", self.url)
 
     def _build_app(self) -> AsyncApp:
+        # Unhandled payloads reach `_on_bolt_error` (to be acked); the assistant-thread
+        # helpers (`say_stream`, `set_status`…) Tandem does not use are left out.
         app = AsyncApp(client=self._client, signing_secret=self.slack.signing_secret or "",
-                       name="tandem")
+                       name="tandem", raise_error_for_unhandled_request=True,
+                       attaching_conversation_kwargs_enabled=False)
+        app.error(_on_bolt_error)
         app.use(self._same_workspace)
         app.event("app_mention")(self._on_event)
         app.event("message")(self._on_event)  # also acks the subtypes Tandem ignores
@@ -684,7 +744,7 @@ class SlackAdapter:
         if (running := self._live.get(event.conv)) is not None:
             await running.show()  # the placeholder goes above the card
         card = render.approval_card(event.approval_id, event.tool, event.summary,
-                                    event.requester, event.expires_in_s)
+                                    event.requester, event.expires_in_s, reason=event.reason)
         for blocks in card.preamble:
             await self._post_blocks(event.conv, f"The `{event.tool}` call, in full", blocks)
         resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])

@@ -242,8 +242,12 @@ def expires(seconds: int) -> str:
 
 
 def approval_card(approval_id: str, tool: str, summary: str, requester: User,
-                  expires_in_s: int) -> Card:
+                  expires_in_s: int, *, reason: str | None = None) -> Card:
+    """The card for one call; `reason` (why a human is asked although the policy allows
+    the tool) goes on its own line under the title, and at the end of the fallback text."""
     head = f"🔐 Tandem wants to run `{escape(tool)}`"
+    if reason:
+        head += f"\n⚠️ {escape(reason)}"
     code = code_sections(summary)
     foot = context(f"Requested by {mention(requester)} · expires in {expires(expires_in_s)}")
     buttons = actions([
@@ -254,7 +258,9 @@ def approval_card(approval_id: str, tool: str, summary: str, requester: User,
         button("Always in this channel", VERDICT_ACTIONS[Verdict.ALWAYS],
                pack(ApprovalButton(approval_id, Verdict.ALWAYS))),
     ])
-    text = f"🔐 Tandem wants to run `{tool}`: approve or deny"
+    text = f"🔐 Tandem wants to run `{escape(tool)}`: approve or deny"
+    if reason:
+        text += f". {escape(reason)}"
     if len(code) <= SECTIONS_PER_MESSAGE:
         return Card(text, [section(head), *code, foot], buttons, [])
     per = SECTIONS_PER_MESSAGE
@@ -343,6 +349,104 @@ def teams(body: dict[str, Any]) -> set[str]:
     named = (body.get("team_id"), event.get("team"), event.get("user_team"),
              team.get("id"), user.get("team_id"))
     return {t for t in named if isinstance(t, str) and t}
+
+
+_IDS = ("enterprise_id", "team_id", "user_id", "channel_id")
+_HOLDERS = {"enterprise": ("id",), "team": ("id", "enterprise_id"), "user": ("id", "team_id"),
+            "channel": ("id",), "view": ("team_id", "app_installed_team_id")}
+"""Fields bolt reads as an object (all but `view` may be a bare id instead), and the ids
+it reads from that object."""
+_INNER = ("event", "message", "previous_message", "item", "assistant_thread")
+"""The parts of a payload bolt looks into for ids when the payload itself has none."""
+_CALLBACKS = ("interactive_message", "dialog_submission", "dialog_cancellation",
+              "workflow_step_edit")
+
+
+def odd_shape(body: dict[str, Any]) -> str | None:
+    """What in a payload would make slack-bolt raise while it reads the request, or None.
+
+    Bolt's `extract_*` functions (`slack_bolt/request/internals.py`) look for ids in the
+    payload, its first authorization, its event and that event's message, previous
+    message, item or assistant thread. They take `*_id` fields as ids, `enterprise`,
+    `team`, `user` and `channel` as an id or an object holding one, `authorizations` as a
+    list of objects and `view` as an object. Its middleware reads `event` as an object
+    whenever the key is there, and its matchers (`listener_matcher/builtins.py`) read an
+    event's `type`, the first action of a button press and its `action_id`, and a
+    `callback_id`. Anything else in a payload bolt leaves alone, and so does this."""
+    if "event" in body and not isinstance(body["event"], dict):
+        return "`event` is not an object"
+    return _odd_kind(body) or _odd_ids(body) or _odd_response_urls(body)
+
+
+def _odd_kind(body: dict[str, Any]) -> str | None:
+    """What the matchers and bolt's `to_*` payload helpers read, by payload type."""
+    kind, event, view = body.get("type"), body.get("event"), body.get("view")
+    if kind == "event_callback" and event is not None and not isinstance(event.get("type"), str):
+        return "`event.type` is not a string"
+    if kind == "block_actions" and "actions" in body:
+        actions = body["actions"]
+        first = actions[0] if isinstance(actions, list) and actions else None
+        if not (isinstance(first, dict) and isinstance(first.get("action_id"), str)):
+            return "`actions` does not start with an action that has an `action_id`"
+    if kind in _CALLBACKS and "callback_id" in body:
+        if not isinstance(body["callback_id"], str | None):
+            return "`callback_id` is not a string"
+        actions = body.get("actions")
+        if kind == "interactive_message" and not (isinstance(actions, list) and actions):
+            return "`actions` is not a list of actions"
+        if kind == "workflow_step_edit" and "workflow_step" not in body:
+            return "`workflow_step` is missing"
+    if kind == "view_submission" and isinstance(view, dict) and "callback_id" in view \
+            and "type" not in view:
+        return "`view.type` is missing"
+    return None
+
+
+def _odd_ids(body: dict[str, Any]) -> str | None:
+    """The first id field, in the payload or a part bolt looks into, of the wrong type."""
+    todo: list[tuple[str, dict[str, Any]]] = [("", body)]
+    while todo:
+        path, part = todo.pop()
+        auths = part.get("authorizations")
+        if auths is not None and not (isinstance(auths, list)
+                                      and (not auths or isinstance(auths[0], dict))):
+            return f"`{path}authorizations` is not a list of objects"
+        odd = _odd_field(part)
+        if odd is not None:
+            return f"`{path}{odd[0]}` {odd[1]}"
+        if auths:
+            todo.append((f"{path}authorizations[0].", auths[0]))
+        todo.extend((f"{path}{key}.", part[key]) for key in _INNER
+                    if isinstance(part.get(key), dict))
+    return None
+
+
+def _odd_field(part: dict[str, Any]) -> tuple[str, str] | None:
+    """One part's first misshapen id field and what is wrong with it."""
+    for key in _IDS:
+        if not isinstance(part.get(key), str | None):
+            return key, "is not a string"
+    for key, ids in _HOLDERS.items():
+        value = part.get(key)
+        if isinstance(value, dict):
+            wrong = next((i for i in ids if not isinstance(value.get(i), str | None)), None)
+            if wrong is not None:
+                return f"{key}.{wrong}", "is not a string"
+        elif key == "view" and value is not None:
+            return key, "is not an object"
+        elif not isinstance(value, str | None):
+            return key, "is neither an id nor an object"
+    return None
+
+
+def _odd_response_urls(body: dict[str, Any]) -> str | None:
+    """Bolt reads `response_urls[0].response_url` when there is no `response_url`."""
+    if "response_url" in body or "response_urls" not in body:
+        return None
+    urls = body["response_urls"]
+    if isinstance(urls, list) and (not urls or isinstance(urls[0], dict)):
+        return None
+    return "`response_urls` is not a list of objects"
 
 
 def parse_command(text: str) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import asyncio
 import json
 import logging
 import socket
@@ -15,15 +16,23 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import litellm  # noqa: F401 - once up front, not inside the first test's timeouts
 import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from slack_bolt.request.payload_utils import to_action
+from slack_bolt.response import BoltResponse
 
 from adapters.live import QUEUED
-from adapters.slack import SlackUnavailable, create
+from adapters.slack import SlackUnavailable, _on_bolt_error, _signed_only, create
+from adapters.slack_render import teams
 from bot.app import build
 from bot.buttons import CancelButton, pack
 from bot.errors import ConfigError
+from bot.events import ApprovalRequested, ConvKey, User
 from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_text
@@ -612,6 +621,46 @@ async def _refused(rig: Rig, model: FakeModelServer) -> None:
     assert len(model.requests) == 1 and "real" in user_texts(model)[-1]
 
 
+MESSAGE: JSON = {"type": "message", "channel": "D1", "user": "U1", "ts": "1.1", "text": "hi"}
+PRESS: JSON = {"type": "block_actions", "user": {"id": "U1"}, "channel": {"id": "D1"},
+               "actions": [{"action_id": "tandem_cancel", "value": "x"}]}
+ODD_SHAPES: list[JSON] = [  # JSON bodies slack-bolt reads as objects of the wrong type
+    {"type": "event_callback", "event": "x"},
+    {"type": "event_callback", "event": None},
+    {"type": "event_callback", "event": {"type": 5}},
+    {"type": "event_callback", "event": {**MESSAGE, "channel": 5}},
+    {"type": "event_callback", "event": {**MESSAGE, "user": 5}},
+    {"type": "event_callback", "event": {**MESSAGE, "channel": []}},
+    {"type": "event_callback", "event": {**MESSAGE, "item": {"channel": 7}}},
+    {"type": "event_callback", "event": {**MESSAGE, "subtype": "message_changed",
+                                         "message": {"user": 5}}},
+    {"type": "event_callback", "authorizations": "x", "event": MESSAGE},
+    {"type": "event_callback", "authorizations": [5], "event": MESSAGE},
+    {"type": "event_callback", "authorizations": {"a": 1}, "event": MESSAGE},
+    {"type": "event_callback", "enterprise": 5, "event": MESSAGE},
+    {"type": "event_callback", "team": 5, "event": MESSAGE},
+    {"type": "event_callback", "team": {"id": 5}, "event": MESSAGE},
+    {"type": "event_callback", "team_id": ["T1"], "event": MESSAGE},
+    {"type": "event_callback", "is_ext_shared_channel": True, "event": {**MESSAGE, "user": 5}},
+    {"type": "block_actions", "event": "x", "actions": PRESS["actions"]},
+    {"type": "block_actions", "actions": "y"},
+    {"type": "block_actions", "actions": []},
+    {"type": "block_actions", "actions": [5]},
+    {"type": "block_actions", "actions": [{}]},
+    {"type": "block_actions", "actions": [{"action_id": 5}]},
+    {**PRESS, "user": 5},
+    {**PRESS, "channel": []},
+    {**PRESS, "team": []},
+    {**PRESS, "user": {"id": "U1", "team_id": 5}},
+    {**PRESS, "enterprise": {"id": 5}},
+    {**PRESS, "response_urls": "x"},
+    {**PRESS, "view": {"team_id": 5}},
+    {"type": "view_submission", "view": 5},
+    {"type": "view_submission", "view": {"callback_id": "v"}},
+    {"type": "interactive_message", "callback_id": "c"},
+    {"type": "dialog_submission", "callback_id": 5},
+    {"type": "workflow_step_edit", "callback_id": "c"},
+]
 MALFORMED = [
     ("application/json", b"{not json"),
     ("application/json", b"[1, 2]"),
@@ -622,6 +671,9 @@ MALFORMED = [
     ("application/x-www-form-urlencoded", b"payload=%7Bnot+json"),
     ("application/x-www-form-urlencoded", b"payload=%5B%5D"),
     ("application/x-www-form-urlencoded", b"payload=%7B%22user%22%3A+%7B%7D%7D"),
+    *[("application/json", json.dumps(body).encode()) for body in ODD_SHAPES],
+    ("application/x-www-form-urlencoded",
+     urlencode({"payload": json.dumps({"type": "block_actions", "user": 5})}).encode()),
 ]
 
 
@@ -658,6 +710,183 @@ async def test_a_signed_but_malformed_body_is_a_400_and_one_log_line(
         await rig.deliver(fake.message_event("D2", "U1", json.dumps({"still": "fine"})))
         await rig.settle()
     assert len(model.requests) == 1
+
+
+ID = st.sampled_from(["T1", "U9", "D9", "E1", ""])
+NAMED = st.one_of(ID, st.fixed_dictionaries(
+    {}, optional={"id": ID, "team_id": ID, "enterprise_id": ID, "app_installed_team_id": ID}))
+"""What bolt reads as an id or as an object with one (`user`, `team`, `channel`...)."""
+
+
+def slack_part(kinds: list[str] | None = None,
+               **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[JSON]:
+    """A payload, or a part of one bolt looks into for ids, with some of those fields (and
+    a `type` of `kinds`)."""
+    ids = dict.fromkeys(("enterprise_id", "team_id", "user_id", "channel_id"), ID)
+    named = dict.fromkeys(("enterprise", "team", "user", "channel"), NAMED)
+    view = st.fixed_dictionaries({"type": st.just("modal")}, optional={
+        "team_id": ID, "app_installed_team_id": ID, "callback_id": ID})
+    kind = {"type": st.sampled_from(kinds)} if kinds else {}
+    return st.fixed_dictionaries(kind, optional={**ids, **named, "view": view, **fields})
+
+
+AUTHORIZATIONS = st.lists(slack_part(is_enterprise_install=st.booleans()), max_size=2)
+EVENT = slack_part(["message", "app_mention", "reaction_added"],
+                   **dict.fromkeys(("message", "previous_message", "item", "assistant_thread"),
+                                   slack_part()),
+                   channel_type=st.sampled_from(["im", "channel"]), ts=ID, thread_ts=ID,
+                   text=st.just("hi"))
+BODY = slack_part(
+    ["event_callback", "block_actions", "view_submission", "view_closed", "interactive_message",
+     "dialog_submission", "workflow_step_edit", "shortcut", "block_suggestion",
+     "url_verification"],
+    event=EVENT, authorizations=AUTHORIZATIONS, callback_id=ID,
+    workflow_step=st.fixed_dictionaries({}),
+    actions=st.lists(st.fixed_dictionaries({"action_id": ID}, optional={"value": ID}),
+                     min_size=1, max_size=2),
+    response_urls=st.lists(st.fixed_dictionaries({"response_url": ID}), max_size=1),
+    is_ext_shared_channel=st.booleans(), function_execution_id=ID, command=ID)
+"""Payloads of the shapes Slack sends, for every type and field bolt reads."""
+ODD = st.one_of(st.none(), st.booleans(), st.integers(-1, 7), st.text(max_size=3),
+                st.lists(st.integers(0, 1), max_size=2),
+                st.fixed_dictionaries({}, optional={"id": st.just(5)}))
+"""Any JSON value."""
+
+
+def _slots(value: Any) -> list[tuple[Any, Any]]:
+    """Every (container, key or index) in a JSON value, nested ones included."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    return [slot for key, item in items for slot in [(value, key), *_slots(item)]]
+
+
+@st.composite
+def odd_bodies(draw: st.DrawFn) -> JSON:
+    """A payload Slack could send, or one with a single field of any type anywhere."""
+    body: JSON = draw(BODY)
+    corrupt: bool = draw(st.booleans())
+    slots = _slots(body)
+    if corrupt and slots:
+        container, key = draw(st.sampled_from(slots))
+        container[key] = draw(ODD)
+    return body
+
+
+async def test_signed_bodies_of_any_shape_are_a_200_or_a_400_and_never_a_traceback(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Only strangers (U9) and other channels, so nothing reaches the model.
+    caplog.set_level(logging.INFO)
+    async with Rig(fake, model, tmp_path, "http") as rig:
+        loop = asyncio.get_running_loop()
+
+        async def post(body: JSON, form: bool) -> int:
+            raw, kind = json.dumps(body).encode(), "application/json"
+            if form:
+                raw = urlencode({"payload": json.dumps(body)}).encode()
+                kind = "application/x-www-form-urlencoded"
+            got = await fake.post_raw(rig.url, raw, content_type=kind, signing_secret=SECRET)
+            await rig.settle()
+            return got.status
+
+        @settings(max_examples=120, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(body=odd_bodies(), form=st.booleans())
+        def any_shape(body: JSON, form: bool) -> None:
+            caplog.clear()
+            status = asyncio.run_coroutine_threadsafe(post(body, form), loop).result(30)
+            assert status in (200, 400), (status, body)
+            failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert not [r for r in failed if r.exc_info], (body, caplog.text)
+            assert "Traceback" not in caplog.text, body
+
+        await asyncio.to_thread(any_shape)
+        await rig.deliver(fake.message_event("D2", "U9", "hi"))  # for rig.check()
+        await rig.settle()
+    assert model.requests == []
+
+
+async def test_a_payload_nothing_handles_is_acked(rig: Rig, caplog: pytest.LogCaptureFixture,
+                                                 model: FakeModelServer) -> None:
+    # Bolt's default is a 404 (Slack sends it again) with a warning of many lines.
+    caplog.set_level(logging.INFO)
+    reaction = {"type": "reaction_added", "user": "U1", "reaction": "eyes",
+                "item": {"type": "message", "channel": "D1", "ts": "1.1"}}
+    await rig.send("events_api", rig.fake.event_body(reaction))
+    await rig.send("interactive", {"type": "view_closed", "team": {"id": "T1"},
+                                   "user": {"id": "U1"}, "view": {"callback_id": "v"}})
+    await rig.settle()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert model.requests == []
+
+
+async def test_what_bolt_raises_is_a_400_and_tandems_own_bug_a_500_with_its_traceback(
+        fake: FakeSlackServer, caplog: pytest.LogCaptureFixture) -> None:
+    # The last line, behind `odd_shape`: bolt's own error handler, and the aiohttp
+    # middleware for what escapes bolt. Real errors: one raised inside bolt's code, one
+    # inside Tandem's.
+    async def from_bolt(_request: web.Request) -> web.Response:
+        to_action({"type": "block_actions", "actions": []})
+        return web.Response()
+
+    async def from_tandem(_request: web.Request) -> web.Response:
+        teams(None)  # type: ignore[arg-type]
+        return web.Response()
+
+    caplog.set_level(logging.DEBUG)
+    server = web.Application(middlewares=[_signed_only(SECRET)])
+    server.add_routes([web.post("/bolt", from_bolt), web.post("/tandem", from_tandem)])
+    runner = web.AppRunner(server, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        for path, status, level in (("bolt", 400, logging.WARNING),
+                                    ("tandem", 500, logging.ERROR)):
+            caplog.clear()
+            got = await fake.post_raw(f"http://{host}:{port}/{path}", b'{"type": "x"}',
+                                      content_type="application/json", signing_secret=SECRET)
+            assert got.status == status, got
+            [line] = caplog.records
+            assert line.levelno == level and (line.exc_info is not None) == (status == 500)
+    finally:
+        await runner.cleanup()
+    for caught, status in ((_raising(to_action, {"type": "block_actions", "actions": []}), 400),
+                           (_raising(teams, None), 500)):
+        caplog.clear()
+        answer = await _on_bolt_error(caught, {}, BoltResponse(status=500))
+        assert answer is not None and answer.status == status
+        assert await _on_bolt_error(caught, {}, None) is None  # a listener's, after its ack
+        assert [r.levelno for r in caplog.records] == [logging.WARNING if status == 400
+                                                       else logging.ERROR] * 2
+
+
+def _raising(function: Callable[[Any], Any], argument: Any) -> Exception:
+    try:
+        function(argument)
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"{function.__name__} did not raise")
+
+
+async def test_an_approval_card_says_why_it_asks(fake: FakeSlackServer, model: FakeModelServer,
+                                                 tmp_path: Path) -> None:
+    reason = ("Asked because this conversation has read content from web_fetch of "
+              "https://pages.example/<!here>.")
+    conv, ann = ConvKey("slack", "D1", None), User("U1", "Ann", "T1")
+    async with SlackRig(fake, model, tmp_path, "socket") as rig:
+        await rig.adapter.emit(ApprovalRequested(conv, "ap1", "shell", "ls", ann, 1800,
+                                                 reason=reason))
+        await rig.adapter.emit(ApprovalRequested(conv, "ap2", "shell", "pwd", ann, 1800))
+        asked, plain = await rig.card("D1", 1), await rig.card("D1", 2)
+    shown = reason.replace("<", "&lt;").replace(">", "&gt;")
+    text = block_text(asked.blocks)
+    assert shown in text and text.index(shown) < text.index("```\nls")  # above the call
+    assert shown in asked.text and "<!here>" not in str(asked.blocks) + asked.text
+    assert "Asked because" not in block_text(plain.blocks) + plain.text
+    lines = block_text(plain.blocks).split("\n")
+    assert all(line.strip() for line in lines), lines
+    assert plain.text == "🔐 Tandem wants to run `shell`: approve or deny"
 
 
 # ---- Socket Mode only ----------------------------------------------------------------------

@@ -101,6 +101,71 @@ def test_the_workspaces_a_payload_names() -> None:
     assert render.teams({"type": "event_callback", "event": "x", "team": 5, "user": None}) == set()
 
 
+SLACK_SENDS: list[dict[str, Any]] = [  # trimmed from Slack's documented payloads
+    {"type": "event_callback", "team_id": "T1", "enterprise_id": "E1", "event": {
+        "type": "message", "channel": "C1", "user": "U1", "ts": "1.2", "team": "T1"},
+     "authorizations": [{"enterprise_id": None, "team_id": "T1", "user_id": "UBOT",
+                         "is_bot": True, "is_enterprise_install": False}]},
+    {"type": "event_callback", "event": {"type": "message", "subtype": "message_changed",
+                                         "message": {"user": "U1", "team": "T1"},
+                                         "previous_message": {"user": "U1"}}},
+    {"type": "event_callback", "event": {"type": "user_change", "user": {
+        "id": "U1", "team_id": "T1", "profile": {}}}},
+    {"type": "event_callback", "event": {"type": "channel_created", "channel": {
+        "id": "C1", "name": "x", "creator": "U1"}}},
+    {"type": "event_callback", "event": {"type": "reaction_added", "user": "U1",
+                                         "item": {"type": "message", "channel": "C1"}}},
+    {"type": "event_callback", "event": {"type": "assistant_thread_started",
+                                         "assistant_thread": {"user_id": "U1",
+                                                              "channel_id": "D1"}}},
+    {"type": "block_actions", "user": {"id": "U1", "username": "ann", "team_id": "T1"},
+     "team": {"id": "T1", "domain": "x", "enterprise_id": "E1"}, "enterprise": None,
+     "channel": {"id": "C1", "name": "general"}, "message": {"user": "UBOT", "ts": "1.2"},
+     "actions": [{"action_id": "tandem_cancel", "block_id": "b", "value": "c"}],
+     "response_url": "https://hooks.example/1"},
+    {"type": "view_submission", "team": {"id": "T1"}, "user": {"id": "U1"},
+     "view": {"type": "modal", "callback_id": "v", "team_id": "T1",
+              "app_installed_team_id": "T1"}, "response_urls": []},
+    {"type": "url_verification", "challenge": "abc", "token": "t"},
+    {"command": "/tandem", "team_id": "T1", "user_id": "U1", "channel_id": "C1"},
+]
+
+
+@pytest.mark.parametrize("body", SLACK_SENDS)
+def test_what_slack_sends_has_the_shapes_bolt_reads(body: dict[str, Any]) -> None:
+    assert render.odd_shape(body) is None
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ({"type": "event_callback", "event": "x"}, "`event` is not an object"),
+    ({"type": "block_actions", "event": None}, "`event` is not an object"),
+    ({"type": "event_callback", "event": {}}, "`event.type` is not a string"),
+    ({"type": "event_callback", "event": {"type": "message", "message": {"user": 5}}},
+     "`event.message.user` is neither an id nor an object"),
+    ({"authorizations": [{"team": {"id": 5}}]}, "`authorizations[0].team.id` is not a string"),
+    ({"authorizations": "x"}, "`authorizations` is not a list of objects"),
+    ({"team_id": 5}, "`team_id` is not a string"),
+    ({"user": {"team_id": []}}, "`user.team_id` is not a string"),
+    ({"view": "x"}, "`view` is not an object"),
+    ({"type": "block_actions", "actions": [{"value": "x"}]},
+     "`actions` does not start with an action that has an `action_id`"),
+    ({"type": "interactive_message", "callback_id": "c", "actions": []},
+     "`actions` is not a list of actions"),
+    ({"type": "workflow_step_edit", "callback_id": "c"}, "`workflow_step` is missing"),
+    ({"type": "view_submission", "view": {"callback_id": "v"}}, "`view.type` is missing"),
+    ({"response_urls": None}, "`response_urls` is not a list of objects"),
+])
+def test_what_bolt_would_misread_is_named(body: dict[str, Any], problem: str) -> None:
+    assert render.odd_shape(body) == problem
+
+
+def test_fields_bolt_never_reads_may_hold_anything() -> None:
+    assert render.odd_shape({"type": "block_actions", "team": "T1", "is_enterprise_install": 5,
+                             "thread_ts": [], "response_url": 5, "response_urls": 5,
+                             "actions": [{"action_id": "a", "value": 5, "block_id": {}}],
+                             "event": {"type": "x", "message": "not looked into"}}) is None
+
+
 def test_an_unclosed_code_block_while_streaming_stays_code() -> None:
     assert render.to_mrkdwn("see:\n```\nx = **1** <") == "see:\n```\nx = **1** &lt;\n```"
 
@@ -146,6 +211,22 @@ def test_the_approval_card() -> None:
     assert [unpack(e["value"]) for e in elements] == [
         ApprovalButton("abc123", v) for v in (Verdict.APPROVE, Verdict.DENY, Verdict.ALWAYS)]
     assert "scheduled" not in card.text
+
+
+def test_the_card_says_why_it_asks_on_a_line_of_its_own() -> None:
+    reason = "Asked because this conversation has read content from web_fetch of " \
+             "https://x.example/?a=1&b=<@U2>."
+    card = render.approval_card("abc", "shell", "ls", User("U1"), 60, reason=reason)
+    shown = "Asked because this conversation has read content from web_fetch of " \
+            "https://x.example/?a=1&amp;b=&lt;@U2&gt;."
+    assert card.blocks[0]["text"]["text"] == f"🔐 Tandem wants to run `shell`\n⚠️ {shown}"
+    assert card.text == f"🔐 Tandem wants to run `shell`: approve or deny. {shown}"
+    long = render.approval_card("abc", "shell", "x\n" * 6000, User("U1"), 60, reason=reason)
+    assert long.preamble and shown in long.blocks[0]["text"]["text"]
+    for empty in (None, ""):
+        plain = render.approval_card("abc", "shell", "ls", User("U1"), 60, reason=empty)
+        assert plain.blocks[0]["text"]["text"] == "🔐 Tandem wants to run `shell`"
+        assert plain.text == "🔐 Tandem wants to run `shell`: approve or deny"
 
 
 def test_a_call_too_long_for_the_card_goes_in_messages_before_it() -> None:
