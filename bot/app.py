@@ -15,6 +15,7 @@ from bot.conversation import Conversation
 from bot.events import Event
 from bot.hub import Hub, Sink
 from bot.llm import LiteLLMClient, ModelClient
+from bot.mcp import Servers
 from bot.memory import scope_dir
 from bot.persona import Persona
 from bot.prompt import Prompt
@@ -98,7 +99,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
                   shell.clean_env(dict(os.environ), config.secrets()))
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
-                emit=dispatch.emit, tool_context=env, redact=redactor)
+                emit=dispatch.emit, tool_context=env, redact=redactor,
+                mcp=Servers(config.mcp, registry))
     hub = Hub(deps, Access.from_config(config), scheduler)
     scheduler.deliver = hub.deliver
     return hub, dispatch

@@ -40,6 +40,8 @@ class CommandContext:
     running: bool
     """A turn of this conversation is running right now."""
     jobs: Jobs | None = None
+    servers: Callable[[], list[str]] = list
+    """One status line per MCP server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,9 @@ async def status(ctx: CommandContext, conv: Conversation) -> str:
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
         f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]
+    servers = ctx.servers()
+    if servers:
+        lines.append("MCP servers:\n" + "\n".join(f"  {line}" for line in servers))
     return "\n".join(lines)
 
 

@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from bot.errors import ConfigError
+from bot.redact import SECRET_NAME as _SECRET_NAME
 
 Policy = Literal["allow", "ask", "deny"]
 
@@ -166,6 +174,43 @@ class MemoryConfig(Section):
     conversation), or every conversation's (the persona's own USER.md / MEMORY.md)."""
 
 
+class McpTools(Section):
+    include: list[str] = Field(default_factory=lambda: ["*"])
+    """Tool names (as the server names them) or globs to offer; the rest are hidden."""
+    exclude: list[str] = Field(default_factory=list)
+
+
+class McpServerConfig(Section):
+    """One MCP server: `command` (stdio) or `url` (streamable HTTP), never both."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """The server's whole environment, with `PATH` (nothing else of Tandem's is passed)."""
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every HTTP request; the values are treated as secrets."""
+    enabled: bool = True
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per call."""
+    connect_timeout_s: float = Field(default=20.0, gt=0)
+    tools: McpTools = Field(default_factory=McpTools)
+    approvals: dict[str, Policy] = Field(default_factory=dict)
+    """Per tool (the server's name for it): allow | ask | deny; every other tool asks."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if bool(self.command) == bool(self.url):
+            raise PydanticCustomError("mcp_transport",
+                                      "needs exactly one of `command` (stdio) or `url` (HTTP)")
+        return self
+
+
+class McpConfig(Section):
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+
 class ToolsConfig(Section):
     web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
 
@@ -182,6 +227,7 @@ class Config(Section):
     slack: SlackConfig = Field(default_factory=SlackConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     source: str | None = None
     """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
@@ -195,6 +241,10 @@ class Config(Section):
             self.slack.app_token,
             self.slack.signing_secret,
         ]
+        for server in self.mcp.servers.values():
+            found += server.headers.values()
+            found += [v.split()[-1] for v in server.headers.values() if " " in v.strip()]
+            found += [v for k, v in server.env.items() if _SECRET_NAME.search(k)]
         return [s for s in found if s and len(s) >= 6]
 
 

@@ -48,6 +48,7 @@ async def _serve(config: Config, chat: bool) -> int:
         llm.preload()
         for platform in platforms:
             await platform.start()
+        hub.d.mcp.start()  # in the background: its tools join when each server is up
         if not names:
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
@@ -63,6 +64,7 @@ async def _serve(config: Config, chat: bool) -> int:
         return 1
     finally:
         await hub.close()
+        await hub.d.mcp.close()
         for platform in reversed(platforms):
             with contextlib.suppress(Exception):
                 await platform.stop()

@@ -51,7 +51,8 @@ class Prompt:
         self.tz = ZoneInfo(config.scheduler.timezone)
         self._systems: dict[tuple[int, int], tuple[str, str, str, int]] = {}
         """(id of the persona prompt, id of the notes) -> (both, the prompt, its tokens)."""
-        self._tool_tokens = estimate_tokens(str(tools.schemas()))
+        self._tools_seen = (-1, 0)
+        """(registry version, estimated tokens of its schemas)."""
 
     def system(self, conv: Conversation | None = None) -> str:
         """The persona's prompt with this conversation's notes, read again (cheaply) for
@@ -75,7 +76,14 @@ class Prompt:
     def fixed(self, conv: Conversation | None = None) -> int:
         """Estimated tokens sent with every request: system prompt, tools, summary."""
         summary = estimate_tokens(conv.summary) + 8 if conv is not None and conv.summary else 0
-        return self._system(conv)[1] + self._tool_tokens + summary
+        return self._system(conv)[1] + self._tool_tokens() + summary
+
+    def _tool_tokens(self) -> int:
+        version, tokens = self._tools_seen
+        if version != self.tools.version:  # MCP servers add and change tools at runtime
+            tokens = estimate_tokens(str(self.tools.schemas()))
+            self._tools_seen = (self.tools.version, tokens)
+        return tokens
 
     def reserve(self) -> int:
         return self.config.llm.max_output_tokens + NOTE_RESERVE_TOKENS

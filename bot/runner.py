@@ -17,7 +17,7 @@ from typing import assert_never
 
 from bot import compaction, policy, taint
 from bot import turn as t
-from bot.config import Config
+from bot.config import Config, McpConfig
 from bot.conversation import Conversation
 from bot.errors import ModelError, TurnTooLong, user_message
 from bot.events import (
@@ -33,6 +33,7 @@ from bot.events import (
 )
 from bot.history import CallState, Msg, Outcome, tool_result
 from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
+from bot.mcp import Servers
 from bot.prompt import Prompt, Request
 from bot.redact import Redactor
 from bot.store import ApprovalRow, Store, Usage
@@ -58,6 +59,8 @@ class Deps:
     tool_context: Callable[[Conversation], ToolContext]
     redact: Redactor = field(default_factory=Redactor)
     """Scrubs every tool result, model answer and error text before it is kept or sent."""
+    mcp: Servers = field(default_factory=lambda: Servers(McpConfig(), Registry()))
+    """MCP servers whose tools are in `tools` (started by whoever starts Tandem)."""
 
 
 @dataclass(slots=True)

@@ -167,7 +167,7 @@ class Worker:
     async def _command(self, conv: Conversation, cmd: Command) -> None:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
                              self.runner.window, self.lanes.running(conv.row.key),
-                             self.scheduler)
+                             self.scheduler, self.d.mcp.status)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
                 if conv.turn is not None:

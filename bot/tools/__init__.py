@@ -79,15 +79,42 @@ class Tool:
 
 
 class Registry:
+    """Tandem's own tools, then each group of outside tools (an MCP server's), groups in
+    name order and their tools in name order: an unchanged set keeps the same order, so
+    the tools part of the prompt stays byte-identical."""
+
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._groups: dict[str, list[Tool]] = {"": []}
         self._schemas: list[dict[str, Any]] = []
+        self.version = 0
+        """Goes up whenever the set of tools changes."""
         for tool in tools:
             self.add(tool)
 
     def add(self, tool: Tool) -> None:
-        self._tools[tool.name] = tool
+        self._groups[""] = [t for t in self._groups[""] if t.name != tool.name] + [tool]
+        self._rebuild()
+
+    def set_group(self, group: str, tools: Iterable[Tool]) -> None:
+        """Replace the tools of `group` (none: the group goes)."""
+        listed = sorted(tools, key=lambda t: t.name)
+        if [t.schema() for t in listed] == [t.schema() for t in self._groups.get(group, [])]:
+            self._groups[group] = listed  # same offer: keep the prompt as it is
+            self._tools.update((t.name, t) for t in listed)
+            return
+        if listed:
+            self._groups[group] = listed
+        else:
+            self._groups.pop(group, None)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        ordered = [*self._groups[""], *(t for g in sorted(self._groups) if g
+                                        for t in self._groups[g])]
+        self._tools = {t.name: t for t in ordered}
         self._schemas = [t.schema() for t in self._tools.values()]
+        self.version += 1
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
