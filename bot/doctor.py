@@ -21,6 +21,7 @@ def doctor(config: Config) -> int:
     results += asyncio.run(_database(config))
     results += privacy(config)
     results += _platforms(config)
+    results += asyncio.run(_mcp(config))
     results += asyncio.run(_model(config))
     for name, status, text in results:
         print(f"[{status}] {name}: {text}")
@@ -102,6 +103,34 @@ def _platforms(config: Config) -> list[tuple[str, str, str]]:
         else:
             out.append(("slack", OK, f"{config.slack.mode} mode"))
     return out
+
+
+async def _mcp(config: Config) -> list[tuple[str, str, str]]:
+    """Connect to each enabled MCP server once and say how it went."""
+    from bot.mcp import Servers
+    from bot.tools import Registry
+
+    servers = Servers(config.mcp, Registry())
+    if not servers.connections:
+        return []
+    servers.start()
+    limit = max(s.connect_timeout_s for s in config.mcp.servers.values()) + 5
+    try:
+        async with asyncio.timeout(limit):
+            await servers.ready()
+    except TimeoutError:
+        pass
+    finally:
+        await servers.close()
+    results = []
+    for name, connection in servers.connections.items():
+        if connection.connected_at is not None:
+            results.append((f"mcp {name}", OK, f"connected, {connection.tool_count} tools "
+                            "offered"))
+        else:
+            why = connection.error or f"no answer within {limit:.0f} s"
+            results.append((f"mcp {name}", BAD, f"could not connect: {why}"))
+    return results
 
 
 async def _model(config: Config) -> list[tuple[str, str, str]]:

@@ -231,3 +231,18 @@ async def test_doctor_says_what_is_wrong_in_plain_words(model: FakeModelServer,
     assert proc.returncode == 1
     assert "[FAIL] persona: missing" in text and "RULES.md" in text
     assert "[FAIL] model:" in text and "llm.api_base" in text
+
+
+async def test_doctor_connects_to_each_mcp_server(model: FakeModelServer, tmp_path: Path) -> None:
+    servers = {"fake": {"command": sys.executable, "args": ["-m", "tests.fakes.mcp_servers",
+                                                            "stdio"], "cwd": str(REPO)},
+               "gone": {"command": str(tmp_path / "no-such-server"), "connect_timeout_s": 2}}
+    config = write_config(tmp_path, model, mcp={"servers": servers})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--config", str(config), "doctor",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    text = out.decode()
+    assert proc.returncode == 1, text
+    assert "[ok  ] mcp fake: connected, 11 tools offered" in text
+    assert "[FAIL] mcp gone: could not connect:" in text
