@@ -113,8 +113,8 @@ async def logged(log: Path, line: str, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
-def call(name: str, **args: Any) -> Reply:
-    return Reply(tool_calls=[ToolCallSpec(name, args)])
+def call(tool: str, **args: Any) -> Reply:
+    return Reply(tool_calls=[ToolCallSpec(tool, args)])
 
 
 def results(model: FakeModelServer) -> list[str]:
@@ -262,3 +262,42 @@ async def test_a_server_that_cannot_start_is_a_status_line_not_a_failure(
         assert "gone: reconnecting, last error:" in status[-1].text
         await core.hub.d.mcp.close()
     assert said(model.requests[0]["messages"]) == ["[Ann] hi"] or model.requests
+
+
+async def test_a_changed_tool_list_is_fetched_again_and_offered_next(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    model.script(call("mcp_fake_add_tool", name="shiny"), Reply(text="added"),
+                 call("mcp_fake_shiny"), Reply(text="it ran"))
+    servers = {"fake": stdio_server(tmp_path / "mcp.log",
+                                    approvals={"add_tool": "allow", "shiny": "allow"})}
+    async with core_with(config_factory, servers) as core:
+        before = [s["function"]["name"] for s in core.hub.d.tools.schemas()]
+        assert "mcp_fake_shiny" not in before
+        await core.say("add a tool")
+        await core.sink.ended(1)
+        async with asyncio.timeout(10):
+            while core.hub.d.tools.get("mcp_fake_shiny") is None:
+                await asyncio.sleep(0.05)
+        await core.say("use it")
+        cards = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+        await core.hub.submit(Decision(core.key, core.user, cards[0].approval_id,
+                                       Verdict.APPROVE))  # tainted by the first result
+        await core.sink.ended(2)
+    offered = [t["function"]["name"] for t in model.requests[-1]["tools"]]
+    assert "mcp_fake_shiny" in offered and results(model)[-1] == "shiny ran"
+    first = [t["function"]["name"] for t in model.requests[0]["tools"]]
+    assert offered == sorted(set(first) | {"mcp_fake_shiny"}, key=offered.index)
+
+
+async def test_a_call_that_hangs_ends_at_its_timeout_with_a_clear_error(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    model.script(call("mcp_fake_hang"), Reply(text="gave up"))
+    servers = {"fake": stdio_server(tmp_path / "mcp.log", timeout_s=1,
+                                    approvals={"hang": "allow"})}
+    async with core_with(config_factory, servers) as core:
+        started = time.monotonic()
+        await core.say("hang")
+        [ended] = await core.sink.ended(1)
+        assert time.monotonic() - started < 5 and ended.text == "gave up"
+    assert results(model)[-1] == "error: `hang` on the MCP server `fake` did not answer " \
+                                 "within 1 s"
