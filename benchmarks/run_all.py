@@ -166,6 +166,8 @@ def main() -> None:
     start = [asyncio.run(startup_once()) for _ in range(n)]
     store = [asyncio.run(store_per_turn()) for _ in range(n)]
     redact = [bench("redact_bench.py") for _ in range(n)]
+    print(f"mcp ({n} runs)…", flush=True)
+    mcp = [bench("mcp_bench.py") for _ in range(n)]
     rows = [
         ("Core time per turn, 10-message history (p50 / p99)",
          f"{median(core, '10', 'p50_ms'):.2f} / {median(core, '10', 'p99_ms'):.2f} ms",
@@ -211,6 +213,17 @@ def main() -> None:
          f"{median(redact, 'clean shell output', 'p50_ms'):.3f} / "
          f"{median(redact, 'three secrets inside', 'p50_ms'):.3f} ms",
          "python benchmarks/redact_bench.py"),
+        ("MCP: Tandem's overhead per call above the bare SDK, stdio / HTTP (p50)",
+         f"{median(mcp, 'stdio', 'overhead_p50_ms'):.2f} / "
+         f"{median(mcp, 'http', 'overhead_p50_ms'):.2f} ms", "python benchmarks/mcp_bench.py"),
+        ("MCP: connect + list + build 212 tools (stdio, spawn included) / listing alone",
+         f"{median(mcp, 'tools_200', 'connect_list_build_ms'):.0f} / "
+         f"{median(mcp, 'tools_200', 'list_ms'):.1f} ms", "python benchmarks/mcp_bench.py"),
+        ("MCP: cold start to polling with three stdio servers (none: "
+         f"{median(mcp, 'startup', 'none_ready_s'):.2f} s) / all three connected",
+         f"{median(mcp, 'startup', 'three_ready_s'):.2f} / "
+         f"{median(mcp, 'startup', 'three_all_connected_s'):.2f} s",
+         "python benchmarks/mcp_bench.py"),
     ]
     lines = [
         "# Benchmarks", "",

@@ -143,7 +143,8 @@ class Connection:
             cursor = page.next_cursor
             if not cursor:
                 break
-        tools = build_tools(self.name, self.config, listed, self.call)
+        # checking hundreds of schemas takes a while: not on the event loop
+        tools = await asyncio.to_thread(build_tools, self.name, self.config, listed, self.call)
         self.tool_count = len(tools)
         self.publish(self.name, tools)
 

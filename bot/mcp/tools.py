@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
@@ -56,19 +57,38 @@ def schema_problem(schema: Any) -> str | None:
     if not isinstance(schema.get("properties", {}), dict):
         return "its input schema's `properties` is not an object"
     try:
-        json.dumps(schema)
+        text = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError):
         return "its input schema is not JSON"
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        return f"its input schema is invalid ({exc.message})"
+    invalid = _invalid(text)
+    if invalid is not None:
+        return f"its input schema is invalid ({invalid})"
     missing = [ref for ref in _refs(schema) if _pointer(schema, ref) is None]
     if missing:
         return f"its input schema refers to {missing[0]!r}, which it does not define"
     return None
+
+
+_META: dict[type, Any] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _invalid(text: str) -> str | None:
+    """What the JSON Schema meta-schema says against this schema (tools often share one)."""
+    schema = json.loads(text)
+    error = next(_meta_validator(schema).iter_errors(schema), None)
+    return None if error is None else str(error.message)
+
+
+def _meta_validator(schema: dict[str, Any]) -> Any:
+    """A validator of schemas of `schema`'s draft, built once per draft (building one
+    costs far more than using it)."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema)
+    if cls not in _META:
+        _META[cls] = cls(cls.META_SCHEMA, format_checker=None)
+    return _META[cls]
 
 
 def _refs(node: Any) -> list[str]:

@@ -19,11 +19,15 @@ Tools:
 Every tool returns plain content blocks (no ``structuredContent``). The server advertises
 ``tools.listChanged``. If ``MCP_FAKE_LOG`` names a file, the server appends ``called <tool>``
 for every call and ``cancelled <tool>`` when a cancellation stops ``sleep`` or ``hang``.
+``MCP_FAKE_EXTRA_TOOLS=N`` (or ``--extra-tools N``) publishes ``N`` more tools, ``extra_000``,
+``extra_001``..., each like ``echo`` (one string argument ``text``, returned as is): a server
+with a long tool list, for benchmarks.
 
 Serve it with the repo root as the working directory (``-m`` resolves ``tests`` from there)::
 
     python -m tests.fakes.mcp_servers stdio
     python -m tests.fakes.mcp_servers http --port 8765 [--host 127.0.0.1] [--token T]
+    python -m tests.fakes.mcp_servers --extra-tools 200 stdio
 
 HTTP mode serves streamable HTTP at ``http://HOST:PORT/mcp``, prints that URL on stdout once
 it listens (``--port 0`` picks a free port) and, with ``--token T``, answers 401 to any request
@@ -68,6 +72,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """The working directory ``python -m tests.fakes.mcp_servers`` needs."""
 
 LOG_ENV = "MCP_FAKE_LOG"
+EXTRA_TOOLS_ENV = "MCP_FAKE_EXTRA_TOOLS"
 WIDGET_ERROR = "the widget is broken"
 RESOURCE_URI = "tandem://fake/notes.txt"
 RESOURCE_TEXT = "notes from the fake MCP server"
@@ -210,10 +215,25 @@ def _bad_schema_tool() -> Tool:
     return tool
 
 
+def _extra_tool(name: str) -> Tool:
+    def extra(text: str) -> str:
+        _log(f"called {name}")
+        return text
+
+    extra.__doc__ = f"{name}: return the text unchanged."
+    return Tool.from_function(extra, name=name, structured_output=False)
+
+
+def extra_tools() -> list[Tool]:
+    """The ``MCP_FAKE_EXTRA_TOOLS`` tools (none when it is unset)."""
+    count = int(os.environ.get(EXTRA_TOOLS_ENV) or 0)
+    return [_extra_tool(f"extra_{i:03d}") for i in range(count)]
+
+
 def build_server() -> MCPServer[Any]:
     """The fake server with every tool registered."""
     server: MCPServer[Any] = MCPServer("tandem-fake", version="1.0", log_level="WARNING",
-                                       tools=[_bad_schema_tool()])
+                                       tools=[_bad_schema_tool(), *extra_tools()])
     read_only = ToolAnnotations(read_only_hint=True)
     server.add_tool(echo, annotations=read_only, structured_output=False)
     for fn in (sleep, hang, fail, error_result, image, resource, add_tool, crash, big):
@@ -298,6 +318,8 @@ async def http_server(token: str | None = None, *, log: Path | None = None) -> A
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Tandem's fake MCP server.")
+    parser.add_argument("--extra-tools", type=int, default=None, metavar="N",
+                        help=f"publish N more echo-like tools (default: ${EXTRA_TOOLS_ENV})")
     modes = parser.add_subparsers(dest="mode", required=True)
     modes.add_parser("stdio", help="serve over stdin/stdout")
     http = modes.add_parser("http", help="serve streamable HTTP at /mcp")
@@ -305,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--port", type=int, default=0)
     http.add_argument("--token", default=None, help="require Authorization: Bearer TOKEN")
     args = parser.parse_args(argv)
+    if args.extra_tools is not None:
+        os.environ[EXTRA_TOOLS_ENV] = str(args.extra_tools)
     if args.mode == "stdio":
         anyio.run(build_server().run_stdio_async)
     else:
