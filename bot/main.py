@@ -48,15 +48,16 @@ async def _serve(config: Config, chat: bool) -> int:
         llm.preload()
         for platform in platforms:
             await platform.start()
-        hub.d.mcp.start()  # in the background: its tools join when each server is up
         if not names:
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
             await hub.scheduler.start()
+            hub.d.mcp.start()  # in the background: its tools join when each server is up
             await console.run()
         else:
             await hub.recover()
             await hub.scheduler.start()
+            hub.d.mcp.start()  # in the background: its tools join when each server is up
             await _wait_for_signal()
         return 0
     except TandemError as exc:

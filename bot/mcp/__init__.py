@@ -20,6 +20,8 @@ from bot.tools import Registry, Tool
 log = logging.getLogger(__name__)
 
 SDK_MODULES = ("mcp", "mcp.client.stdio", "mcp.client.streamable_http", "httpx2")
+SETTLE_S = 0.5
+"""The SDK takes about a second to import: the platforms' first polls go first."""
 
 
 class Servers:
@@ -36,6 +38,7 @@ class Servers:
             self._starting = asyncio.create_task(self._start(), name="mcp:start")
 
     async def _start(self) -> None:
+        await asyncio.sleep(SETTLE_S)
         await asyncio.to_thread(_import_sdk)
         for connection in self.connections.values():
             connection.start()

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from adapters import slack_render, telegram_render
@@ -359,9 +359,9 @@ class Fuzz:
             self.check_decision(status, new, by, resolved, context)
             for old in olds:
                 now = await self.status(old)
-                ended = before[old][0] == "pending" and now[0] == "cancelled" and \
+                cancelled = before[old][0] == "pending" and now[0] == "cancelled" and \
                     any(s.ends_old == old for s in resolved)
-                assert now == before[old] or ended, f"{old} changed to {now}\n{context}"
+                assert now == before[old] or cancelled, f"{old} changed to {now}\n{context}"
             self.check_runs(card, new, RUNS[runs:], resolved, context)
             ended = {(o.chat, o.ref) for o in self.older if any(
                 s.ends_old == o.approval_id for s in resolved)}
@@ -438,17 +438,20 @@ class Fuzz:
         assert card.text in text, f"the card no longer shows its own text: {text!r}"
 
 
-def drive(fuzz: Fuzz, name: str) -> None:
-    """Run the Hypothesis plans on one platform and report the presses made."""
+def drive(fuzz: Fuzz, name: str, regressions: tuple[Plan, ...]) -> None:
+    """Run `regressions`, then the Hypothesis plans, on one platform; report the presses."""
     started = time.monotonic()
     RUNS.clear()  # tokens restart at t0 on each platform
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              report_multiple_bugs=False, phases=[Phase.generate, Phase.shrink],
+              report_multiple_bugs=False, phases=[Phase.explicit, Phase.generate, Phase.shrink],
               suppress_health_check=list(HealthCheck))
     @given(plan=PLANS)
     def presses(plan: Plan) -> None:
         fuzz.run(plan)
+
+    for plan in regressions:
+        presses = example(plan=plan)(presses)
 
     presses()
     fuzz.stats.seconds = time.monotonic() - started
@@ -473,6 +476,16 @@ def run_in(loop: asyncio.AbstractEventLoop, coro: Awaitable[T]) -> T:
 
 
 # ---- Telegram ---------------------------------------------------------------------------
+
+_APPROVE = Press("requester", "card", "real", Verdict.APPROVE, 0)
+TG_REGRESSIONS = (
+    # After a restart, a press naming the real approval from another chat arrives with the
+    # requester's press on the card: the other chat's message must not become the card.
+    Plan(0, True, None, ((Press("requester", "group", "real", Verdict.APPROVE, 0),
+                          _APPROVE),)),
+    Plan(1, True, None, ((Press("requester", "other_dm", "real", Verdict.APPROVE, 0),
+                          _APPROVE),)),
+)
 
 
 class TgDriver:
@@ -575,9 +588,13 @@ class TgDriver:
                 others = [m for m in self.fake.chat(chat, thread) if m.message_id != ref]
                 return self.fake._message_json(others[press.pick % len(others)])
             case "forged_id":
-                forged = self.fake._message_json(self.fake.message(chat, ref))
-                forged["message_id"] = ref + 500 + press.pick
-                return forged
+                # Telegram attaches the message the button is really on: data forged for
+                # the card arrives with another real message of the chat, never the card's
+                # content under another id (that takes a forged update, which polling and a
+                # webhook with `secret_token` never accept)
+                thread = int(card.conv.thread_id) if card.conv.thread_id else None
+                others = [m for m in self.fake.chat(chat, thread) if m.message_id != ref]
+                return self.fake._message_json(others[(press.pick + 1) % len(others)])
             case "other_dm":
                 return self.decoys[f"dm:{user}" if f"dm:{user}" in self.decoys else "dm:42"]
             case "group":
@@ -597,9 +614,7 @@ class TgDriver:
                         first.old, first.ends_old, first.raw)
         user = user_of(press, card.requester, self.ids)
         message = copy.deepcopy(self._message(press, card, older, user))
-        if press.forged_text:
-            message["text"] = "🔐 Tandem wants to run rm -rf / (forged)"
-            message.pop("entities", None)
+        # (a forged text is not tried here: Telegram attaches the message's real text)
         data, old = data_of(press, card, older)
         chat = message["chat"]
         thread = str(message["message_thread_id"]) if chat["type"] != "private" and \
@@ -672,10 +687,20 @@ def telegram(loop: asyncio.AbstractEventLoop,
 
 def test_telegram_presses_run_and_edit_only_what_they_may(
         telegram: TgDriver, loop: asyncio.AbstractEventLoop) -> None:
-    drive(Fuzz(telegram, loop), "telegram")
+    drive(Fuzz(telegram, loop), "telegram", TG_REGRESSIONS)
 
 
 # ---- Slack ------------------------------------------------------------------------------
+
+SLACK_REGRESSIONS = (
+    # The requester and an approver pressing from another workspace decide nothing.
+    Plan(0, False, None, ((Press("requester", "card", "real", Verdict.APPROVE, 0,
+                                 foreign=True),),
+                          (Press("approver", "card", "cancel", Verdict.APPROVE, 0,
+                                 foreign=True),))),
+    Plan(1, False, None, ((Press("approver", "card", "real", Verdict.ALWAYS, 0,
+                                 foreign=True),),)),
+)
 
 
 class PressRig(SlackRig):
@@ -874,4 +899,4 @@ def slack(loop: asyncio.AbstractEventLoop,
 
 def test_slack_presses_run_and_edit_only_what_they_may(
         slack: SlackDriver, loop: asyncio.AbstractEventLoop) -> None:
-    drive(Fuzz(slack, loop), "slack")
+    drive(Fuzz(slack, loop), "slack", SLACK_REGRESSIONS)
