@@ -48,6 +48,7 @@ import httpx2  # noqa: E402
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
+from benchmarks.running import run_config  # noqa: E402
 from bot.config import McpConfig, McpServerConfig  # noqa: E402
 from bot.mcp import Servers  # noqa: E402
 from bot.mcp.connection import Connection  # noqa: E402
@@ -196,19 +197,11 @@ async def _never_called(_tool: str, _args: dict[str, Any]) -> str:
 # --- 3. start-up -----------------------------------------------------------------------------
 
 
-def run_config(tmp: str, tg: FakeTelegram, model: FakeModelServer, servers: int) -> Path:
+def mcp_config(tmp: str, tg: FakeTelegram, model: FakeModelServer, servers: int) -> Path:
     command, args = stdio_command()
     mcp = {f"srv{i}": {"command": command, "args": args, "cwd": str(REPO)}
            for i in range(servers)}
-    config = Path(tmp) / "config.yaml"
-    config.write_text(json.dumps({
-        "llm": {"model": "openai/fake", "api_base": model.api_base, "api_key": "x"},
-        "store": {"path": f"{tmp}/t.db"}, "persona": {"dir": str(REPO / "persona")},
-        "workspace": {"dir": f"{tmp}/ws"},
-        "telegram": {"enabled": True, "token": tg.token,
-                     "base_url": f"{tg.url}/bot", "allowed_users": [42]},
-        "mcp": {"servers": mcp}}))
-    return config
+    return run_config(tmp, tg, model, mcp={"servers": mcp})
 
 
 async def watch_log(stream: asyncio.StreamReader, began: float, servers: int,
@@ -229,7 +222,7 @@ async def startup_once(servers: int) -> dict[str, float]:
     async with FakeTelegram(flood=False) as tg, FakeModelServer() as model:
         model.responder = lambda _m: Reply(text="pong")
         with tempfile.TemporaryDirectory() as tmp:
-            config = run_config(tmp, tg, model, servers)
+            config = mcp_config(tmp, tg, model, servers)
             env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
             env["PYTHONPATH"] = str(REPO)
             connected: dict[str, float] = {}

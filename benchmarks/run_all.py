@@ -29,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.running import run_config  # noqa: E402
 from tests.fakes.model_server import FakeModelServer, Reply  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
@@ -65,13 +66,7 @@ async def startup_once() -> dict[str, float]:
     async with FakeTelegram(flood=False) as tg, FakeModelServer() as model:
         model.responder = lambda _m: Reply(text="pong")
         with tempfile.TemporaryDirectory() as tmp:
-            config = Path(tmp) / "config.yaml"
-            config.write_text(json.dumps({
-                "llm": {"model": "openai/fake", "api_base": model.api_base, "api_key": "x"},
-                "store": {"path": f"{tmp}/t.db"}, "persona": {"dir": str(REPO / "persona")},
-                "workspace": {"dir": f"{tmp}/ws"},
-                "telegram": {"enabled": True, "token": tg.token,
-                             "base_url": f"{tg.url}/bot", "allowed_users": [42]}}))
+            config = run_config(tmp, tg, model)
             env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
             env["PYTHONPATH"] = str(REPO)
             began = time.perf_counter()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from bot.app import Dispatch, build
@@ -30,3 +32,18 @@ async def running(config: Config, model: ModelClient,
         await adapter.stop()
         await hub.close()
         await hub.d.store.close()
+
+
+def run_config(tmp: str, telegram: Any, model: Any, **extra: Any) -> Path:
+    """A config file for `tandem run` with Telegram against the fakes (`extra`: more
+    top-level sections, e.g. `mcp`), in `tmp`."""
+    repo = Path(__file__).resolve().parent.parent
+    config = Path(tmp) / "config.yaml"
+    config.write_text(json.dumps({
+        "llm": {"model": "openai/fake", "api_base": model.api_base, "api_key": "x"},
+        "store": {"path": f"{tmp}/t.db"}, "persona": {"dir": str(repo / "persona")},
+        "workspace": {"dir": f"{tmp}/ws"},
+        "telegram": {"enabled": True, "token": telegram.token,
+                     "base_url": f"{telegram.url}/bot", "allowed_users": [42]},
+        **extra}))
+    return config
