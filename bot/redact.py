@@ -26,7 +26,7 @@ TOKEN_SHAPES = (
     ("xox", r"xox[abposr]-[A-Za-z0-9-]{8,}", 0),           # Slack bot, user... tokens
     ("xapp-", r"xapp-[A-Za-z0-9-]{8,}", 0),                # Slack app-level tokens
     ("sk-", r"sk-[A-Za-z0-9_-]{12,}", 0),                  # OpenAI, Anthropic (sk-ant-...)
-    (":[A-Za-z0-9_-]{30}", r"\d{6,12}:[A-Za-z0-9_-]{30,}", 12),  # Telegram bot tokens
+    (":[A-Za-z0-9_-]{30}", r"[0-9]{6,12}:[A-Za-z0-9_-]{30,}", 12),  # Telegram bot tokens
     ("gh", r"gh[pousr]_[A-Za-z0-9]{20,}", 0),              # GitHub tokens
     ("github_pat_", r"github_pat_[A-Za-z0-9_]{20,}", 0),
     ("AKIA", r"AKIA[0-9A-Z]{16}", 0),                      # AWS access key ids
@@ -53,7 +53,7 @@ def _shapes(text: str) -> list[tuple[int, int]]:
         for hit in probe.finditer(text):
             start = hit.start()
             while digits and start > 0 and hit.start() - start < digits \
-                    and text[start - 1].isdigit():
+                    and "0" <= text[start - 1] <= "9":  # ASCII only: "²".isdigit()
                 start -= 1
             found = shape.match(text, start)
             if found is not None:

@@ -13,12 +13,19 @@ from typing import Any
 
 import litellm  # noqa: F401  (imported once up front: the first import takes seconds)
 import pytest
+from hypothesis import settings
 
 from bot.app import build
 from bot.config import Config
 from bot.events import ApprovalRequested, ConvKey, Event, TurnEnded, User, UserMessage
 from bot.hub import Hub
 from tests.fakes.model_server import FakeModelServer
+
+# CI draws the same examples on every run (a failure there is reproducible, never a fluke);
+# local runs draw fresh ones, and what they find goes into the tests as @example.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("TANDEM_HYPOTHESIS") == "ci":
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parent.parent
 PERSONA = REPO / "persona"

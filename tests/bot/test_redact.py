@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bot.errors import ToolError
@@ -50,6 +50,9 @@ def test_plain_text_is_unchanged() -> None:
 
 
 @given(st.text(max_size=200), st.text(max_size=200), st.sampled_from(sorted(SHAPES)))
+@example(head="\u00b2", tail="", kind="telegram")  # a digit to str.isdigit, not to [0-9]
+@example(head="\u0663" * 3, tail="", kind="telegram")  # Arabic-Indic digits
+@example(head="9" * 20, tail="", kind="telegram")
 def test_a_secret_never_survives_whatever_surrounds_it(head: str, tail: str, kind: str) -> None:
     redact = Redactor([SIGNING])
     for secret in (SHAPES[kind], SIGNING):
