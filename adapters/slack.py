@@ -63,6 +63,8 @@ from adapters.live import (
     RetryLater,
     paused_for_approval,
 )
+from adapters.slack_files import SlackFiles, missing_scopes
+from adapters.slack_files import check as check_files
 from adapters.slack_render import (
     PLATFORM,
     Incoming,
@@ -265,6 +267,7 @@ class SlackAdapter:
         self.team: str | None = None
         self._client: AsyncWebClient | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.files = SlackFiles(config.slack.bot_token or "", config.slack.base_url)
         self._socket: AsyncSocketModeHandler | None = None
         self._runner: web.AppRunner | None = None
         self._closed = False
@@ -289,6 +292,7 @@ class SlackAdapter:
             else self.slack.base_url + "/"
         self._client = AsyncWebClient(token=self.slack.bot_token, base_url=base,
                                       session=self._session)
+        self.files.client, self.files.session = self._client, self._session
         try:
             auth = await self._client.auth_test()
         except SlackApiError as exc:
@@ -305,6 +309,10 @@ class SlackAdapter:
             await self.stop()
             raise
         self.hub.access.set_home_team(PLATFORM, self.team)  # "*" means: this workspace
+        if missing := missing_scopes(auth.headers):
+            log.warning("slack: the bot token lacks %s: files shared with Tandem cannot be "
+                        "fetched or sent (add the scopes and reinstall the app)",
+                        ", ".join(missing))
         if self.hub.access.nobody(PLATFORM):
             log.warning("slack.allowed_users is empty: nobody can use Tandem on Slack")
         app = self._build_app()
@@ -390,6 +398,7 @@ class SlackAdapter:
         if self._session is not None:
             await self._session.close()
             self._session = None
+            self.files.client = self.files.session = None
 
     @contextlib.contextmanager
     def _tracked(self) -> Iterator[None]:
@@ -438,8 +447,9 @@ class SlackAdapter:
         ref = f"slack:{msg.channel}:{msg.ts}"
         command = parse_command(msg.text)
         if command is None:
-            return UserMessage(msg.conv, who, msg.text or "(a mention without a message)",
-                               ref=ref, attachments=msg.attachments, context=context)
+            text = msg.text or ("" if msg.attachments else "(a mention without a message)")
+            return UserMessage(msg.conv, who, text, ref=ref, attachments=msg.attachments,
+                               context=context)
         name, args = command
         if name in ("stop", "cancel"):
             return Cancel(msg.conv, who, ref=ref)
@@ -781,6 +791,18 @@ class SlackAdapter:
             await self._post(conv, QUEUED)  # reactions off: say it instead
 
 
+async def check(config: Config) -> list[tuple[str, str, str]]:
+    """`tandem doctor`: whether the bot token has the scopes files need."""
+    base = config.slack.base_url if config.slack.base_url.endswith("/") \
+        else config.slack.base_url + "/"
+    if not config.slack.bot_token:
+        return []
+    async with aiohttp.ClientSession() as session:
+        client = AsyncWebClient(token=config.slack.bot_token, base_url=base, session=session,
+                                timeout=10)
+        return await check_files(client)
+
+
 def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> SlackAdapter:
     """The Slack platform; `options` go to `SlackAdapter` (e.g. `min_edit_interval`)."""
     slack = config.slack
@@ -792,4 +814,5 @@ def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> Slac
         raise ConfigError("slack.signing_secret", "is required in HTTP mode (slack.mode: http)")
     adapter = SlackAdapter(config, hub, **options)
     dispatch.sinks[PLATFORM] = adapter
+    dispatch.ports[PLATFORM] = adapter.files
     return adapter

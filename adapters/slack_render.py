@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from adapters.live import THINKING, split_text
+from adapters.slack_files import attachments as shared_files
 from bot.buttons import ApprovalButton, CancelButton, pack
 from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
 
@@ -327,10 +328,7 @@ def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
         key = thread or ts
     else:
         return None
-    files: list[Any] = event["files"] if isinstance(event.get("files"), list) else []
-    attachments = tuple(Attachment(str(f.get("name") or "file"), str(f.get("mimetype") or ""),
-                                   f["size"] if isinstance(f.get("size"), int) else 0)
-                        for f in files if isinstance(f, dict))
+    attachments = shared_files(event.get("files"))
     team = event.get("user_team") or event.get("team")
     return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, user,
                     team if isinstance(team, str) else None, slack_text(raw, bot_user),

@@ -55,6 +55,7 @@ from adapters.live import (
     split_text,
 )
 from adapters.telegram_api import AiohttpRequest, BotApi, Posted
+from adapters.telegram_files import MEDIA, TelegramFiles, attachments
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
@@ -131,7 +132,8 @@ class TelegramAdapter:
             .request(self._requests[0]).get_updates_request(self._requests[1])
             .concurrent_updates(True).job_queue(None).build())
         self.api = BotApi(self.app.bot, min_edit_interval=min_edit_interval)
-        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & filters.TEXT,
+        self.files = TelegramFiles(self.api)
+        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & (filters.TEXT | MEDIA),
                                             self._on_message))
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_error)
@@ -187,6 +189,7 @@ class TelegramAdapter:
             await self._end(turn)
         self._turns.clear()
         await self.app.shutdown()
+        await self.files.close()
         for request in self._requests:  # also when start() failed half way
             await request.shutdown()
 
@@ -229,7 +232,9 @@ class TelegramAdapter:
                 and reply.from_user.id == self.bot_id and reply.forum_topic_created is None:
             return True
         kinds: list[str | None] = [MessageEntityType.MENTION, MessageEntityType.TEXT_MENTION]
-        for entity, value in message.parse_entities(kinds).items():
+        found = message.parse_entities(kinds) if message.text is not None \
+            else message.parse_caption_entities(kinds)
+        for entity, value in found.items():
             if value.lower() == f"@{self.username.lower()}" or \
                     (entity.user is not None and entity.user.id == self.bot_id):
                 return True
@@ -242,13 +247,17 @@ class TelegramAdapter:
     async def _on_message(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         sender = message.from_user if message is not None else None
-        if message is None or sender is None or sender.is_bot or message.text is None \
-                or not isinstance(sender.id, int) or not isinstance(message.text, str):
+        if message is None or sender is None or sender.is_bot or not isinstance(sender.id, int):
+            return
+        files = attachments(message)
+        raw = message.text if message.text is not None else message.caption
+        if not isinstance(raw, str | None) or (raw is None and not files):
             return  # not something a real client sends: ignore
-        if message.chat.type != ChatType.PRIVATE and not self._addressed(message, message.text):
+        raw = raw or ""
+        if message.chat.type != ChatType.PRIVATE and not self._addressed(message, raw):
             return
         conv, user = self._conv(message), self._user(sender)
-        text, ref = render.strip_mention(message.text, self.username), f"tg:{update.update_id}"
+        text, ref = render.strip_mention(raw, self.username), f"tg:{update.update_id}"
         command = render.parse_command(text)
         if command is not None and not self._for_me(command[2]):
             return
@@ -261,7 +270,7 @@ class TelegramAdapter:
                 while len(self._recent) > 1000:
                     self._recent.popitem(last=False)
                 item = Command(conv, user, command[0], command[1], ref=ref) if command \
-                    else UserMessage(conv, user, text, ref=ref)
+                    else UserMessage(conv, user, text, ref=ref, attachments=files)
                 receipt = await self.hub.submit(item)
                 if not receipt.accepted and self._stranger(receipt.note, user):
                     self._recent.pop(ref, None)
@@ -548,4 +557,5 @@ class TelegramAdapter:
 def create(config: Config, hub: Hub, dispatch: Dispatch) -> TelegramAdapter:
     adapter = TelegramAdapter(config, hub)
     dispatch.sinks[PLATFORM] = adapter
+    dispatch.ports[PLATFORM] = adapter.files
     return adapter

@@ -238,6 +238,10 @@ class BotApi:
                 log.warning("Telegram: %s; retrying", type(exc).__name__)
                 await asyncio.sleep(min(4.0, 0.25 * 2**failures))
 
+    async def paced(self, chat: int, call: Callable[[], Awaitable[T]]) -> T:
+        """Any call to `chat`, kept to the chat's pace and retried after flood control."""
+        return await self._call(chat, call)
+
     async def typing(self, chat: int, thread: int | None) -> None:
         """The typing action, unless the chat is held; a failure is only logged."""
         if self._pace(chat).hold_until <= time.monotonic():

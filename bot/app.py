@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from bot import redact
 from bot.access import Access
 from bot.config import Config
 from bot.conversation import Conversation
+from bot.errors import ToolError
 from bot.events import Event
 from bot.hub import Hub, Sink
 from bot.llm import LiteLLMClient, ModelClient
+from bot.llm.senses import Senses
 from bot.mcp import Servers
+from bot.media import FilePort, size_text
+from bot.media.receive import Receiver
 from bot.memory import scope_dir
 from bot.persona import Persona
 from bot.prompt import Prompt
@@ -24,9 +29,10 @@ from bot.runner import Deps
 from bot.scheduler import Scheduler
 from bot.store import Store
 from bot.store.backends import open_store
-from bot.tools import Registry, Tool, ToolContext, files, memory, shell, tasks, web
+from bot.tools import Registry, Tool, ToolContext, files, memory, send, shell, tasks, web
 
 log = logging.getLogger(__name__)
+Send = Callable[[BinaryIO, int, str, str, bool], Awaitable[None]]
 
 
 class Dispatch:
@@ -34,6 +40,8 @@ class Dispatch:
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         self.sinks: dict[str, Sink] = {}
+        self.ports: dict[str, FilePort] = {}
+        """Each platform's files (downloads and uploads), registered by its adapter."""
         self.redactor = redactor or Redactor()
 
     async def emit(self, event: Event) -> None:
@@ -44,8 +52,9 @@ class Dispatch:
         await sink.emit(self.redactor.event(event))
 
 
-def default_tools() -> list[Tool]:
-    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS, *web.TOOLS, *memory.TOOLS]
+def default_tools(workspace: Path = Path("workspace")) -> list[Tool]:
+    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS, *web.TOOLS, *memory.TOOLS,
+            send.tool(workspace)]
 
 
 def protected_paths(config: Config) -> frozenset[Path]:
@@ -67,6 +76,7 @@ class ToolEnv:
     scheduler: Scheduler
     protected: frozenset[Path]
     env: dict[str, str]
+    ports: dict[str, FilePort]
 
     def __call__(self, conv: Conversation) -> ToolContext:
         config = self.config
@@ -83,7 +93,25 @@ class ToolEnv:
                     "untrack_process": self.store.untrack_process, "scheduler": self.scheduler,
                     "web_fetch": config.tools.web_fetch,
                     "persona_max_chars": config.persona.max_file_chars,
-                    "requester": requester})
+                    "requester": requester, "send_file": self._sender(conv)})
+
+    def _sender(self, conv: Conversation) -> Send | None:
+        """Posts a file to `conv` through its platform (None where it cannot)."""
+        key = conv.row.key
+        port = self.ports.get(key.platform)
+        if port is None:
+            return None
+
+        async def send(fh: BinaryIO, size: int, name: str, caption: str, picture: bool) -> None:
+            if size > port.upload_limit:
+                raise ToolError(f"{name} is {size_text(size)}; {port.platform_name} lets bots "
+                                f"send files up to {size_text(port.upload_limit)}")
+            try:
+                await port.upload(key, fh, name, caption, picture=picture)
+            except ValueError as exc:
+                raise ToolError(f"{port.platform_name} refused {name}: {exc}") from None
+
+        return send
 
 
 def build(config: Config, *, model: ModelClient | None = None, store: Store | None = None,
@@ -93,14 +121,15 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     dispatch = Dispatch(redactor)
     store = store or open_store(config.store.path)
     persona = Persona(config.persona.dir, config.persona.max_file_chars)
-    registry = Registry(default_tools() if tools is None else tools)
+    registry = Registry(default_tools(Path(config.workspace.dir)) if tools is None else tools)
     scheduler = Scheduler(store, config.scheduler.timezone, config.scheduler.misfire_grace_s)
     env = ToolEnv(config, store, scheduler, protected_paths(config),
-                  shell.clean_env(dict(os.environ), config.secrets()))
+                  shell.clean_env(dict(os.environ), config.secrets()), dispatch.ports)
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
                 emit=dispatch.emit, tool_context=env, redact=redactor,
                 mcp=Servers(config.mcp, registry))
-    hub = Hub(deps, Access.from_config(config), scheduler)
+    receiver = Receiver(config, dispatch.ports, Senses(config.llm, config.media))
+    hub = Hub(deps, Access.from_config(config), scheduler, receiver)
     scheduler.deliver = hub.deliver
     return hub, dispatch

@@ -211,6 +211,26 @@ class McpConfig(Section):
     servers: dict[str, McpServerConfig] = Field(default_factory=dict)
 
 
+class TranscriptionConfig(Section):
+    model: str | None = "whisper-1"
+    """Any litellm transcription model; empty turns voice notes off."""
+    api_base: str | None = None
+    """Falls back to `llm.api_base`."""
+    api_key: str | None = None
+    """Falls back to `llm.api_key`."""
+    timeout_s: float = Field(default=120.0, gt=0)
+
+
+class MediaConfig(Section):
+    max_mb: float = Field(default=20.0, gt=0)
+    """The largest file Tandem takes from a chat (each platform's own limit applies too)."""
+    vision: bool | None = None
+    """Send pictures to the model; unset asks litellm whether the model can see them."""
+    pdf: bool | None = None
+    """Send PDFs to the model as files; unset asks litellm whether the model reads them."""
+    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
+
+
 class ToolsConfig(Section):
     web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
 
@@ -228,6 +248,7 @@ class Config(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     source: str | None = None
     """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
@@ -240,6 +261,7 @@ class Config(Section):
             self.slack.bot_token,
             self.slack.app_token,
             self.slack.signing_secret,
+            self.media.transcription.api_key,
         ]
         for server in self.mcp.servers.values():
             found += server.headers.values()

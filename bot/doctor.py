@@ -21,6 +21,7 @@ def doctor(config: Config) -> int:
     results += asyncio.run(_database(config))
     results += privacy(config)
     results += _platforms(config)
+    results += asyncio.run(_platform_checks(config))
     results += asyncio.run(_mcp(config))
     results += asyncio.run(_model(config))
     for name, status, text in results:
@@ -102,6 +103,22 @@ def _platforms(config: Config) -> list[tuple[str, str, str]]:
             out.append(("slack", BAD, ", ".join(f"slack.{k} is not set" for k in missing)))
         else:
             out.append(("slack", OK, f"{config.slack.mode} mode"))
+    return out
+
+
+async def _platform_checks(config: Config) -> list[tuple[str, str, str]]:
+    """What each enabled platform's adapter finds by asking its service (an adapter
+    module may offer `check(config)`: [(name, ok | warn | fail, text)])."""
+    import importlib
+
+    out = []
+    statuses = {"ok": OK, "warn": WARN, "fail": BAD}
+    for name in ("telegram", "slack"):
+        if not getattr(config, name).enabled:
+            continue
+        check = getattr(importlib.import_module(f"adapters.{name}"), "check", None)
+        if check is not None:
+            out += [(what, statuses[status], text) for what, status, text in await check(config)]
     return out
 
 

@@ -33,9 +33,16 @@ class User:
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
+    """A file sent with a message, not yet fetched."""
+
     name: str
     mime: str
     size: int
+    """As the platform declares it (0 when it does not say)."""
+    kind: str = "file"
+    """What the platform says it is: image | audio | video | file."""
+    source: str = ""
+    """Where the platform's adapter fetches it from (a file id, a private URL)."""
 
 
 class Verdict(StrEnum):

@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from bot.media import Media, wire_content
+
 MESSAGE_OVERHEAD_TOKENS = 4
+
+Said = tuple[str, tuple[Media, ...]]
+"""What a user said in one message: the text for the model and the media with it."""
 
 
 class CallState(StrEnum):
@@ -69,16 +74,22 @@ class Msg:
     id: int | None = field(default=None, compare=False)
     tokens: int = field(default=-1, compare=False)
     _wire: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    media: tuple[Media, ...] = ()
+    """Files that came with a user's message (references; the bytes stay in the workspace)."""
 
     def __post_init__(self) -> None:
         if self.tokens < 0:
             size = estimate_tokens(self.content) + MESSAGE_OVERHEAD_TOKENS
+            size += sum(m.tokens for m in self.media)
             for call in self.tool_calls:
                 size += estimate_tokens(call.name) + estimate_tokens(call.arguments) + 8
             object.__setattr__(self, "tokens", size)
 
     def wire(self) -> dict[str, Any]:
-        """The OpenAI-format dict, built once per message."""
+        """The OpenAI-format dict, built once per message (with pictures or PDFs, built
+        from the files each time: the history never holds their bytes)."""
+        if any(m.seen for m in self.media):
+            return {"role": self.role, "content": wire_content(self.content, self.media)}
         if not self._wire:
             out: dict[str, Any] = {"role": self.role, "content": self.content}
             if self.tool_calls:
@@ -94,7 +105,7 @@ class Msg:
 
     def with_id(self, row_id: int) -> Msg:
         return Msg(self.role, self.content, self.turn, self.tool_calls, self.tool_call_id,
-                   self.name, row_id, self.tokens)
+                   self.name, row_id, self.tokens, media=self.media)
 
 
 def user(text: str, turn: int) -> Msg:

@@ -23,6 +23,7 @@ from bot.events import (
     UserMessage,
 )
 from bot.intake import Intake, Receipt
+from bot.media.receive import Receiver
 from bot.recovery import recover
 from bot.runner import Deps, Runner
 from bot.scheduler import Scheduler
@@ -36,12 +37,13 @@ class Sink(Protocol):
 
 
 class Hub:
-    def __init__(self, deps: Deps, access: Access, scheduler: Scheduler) -> None:
+    def __init__(self, deps: Deps, access: Access, scheduler: Scheduler,
+                 receiver: Receiver | None = None) -> None:
         self.d = deps
         self.runner = Runner(deps)
         self.access = access
         self.scheduler = scheduler
-        self.intake = Intake(deps.config, deps.store, access)
+        self.intake = Intake(deps.config, deps.store, access, receiver)
         self.worker = Worker(self.runner, self.intake, access, scheduler)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals

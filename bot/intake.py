@@ -20,20 +20,24 @@ from pathlib import Path
 
 from bot.access import Access
 from bot.config import Config
-from bot.events import Cancel, ConvKey, Inbound, Trigger, User, UserMessage
+from bot.events import Attachment, Cancel, ConvKey, Inbound, Trigger, User, UserMessage
+from bot.history import Said
+from bot.llm.senses import Senses
+from bot.media.receive import Received, Receiver
 from bot.store import Store
 
 log = logging.getLogger(__name__)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
 PREVIEW_CHARS = 4000
+EMPTY = "Your message was empty, so there is nothing to answer. Send some text."
 
 
 def intake(text: str, config: Config) -> tuple[str, str | None]:
     """(text for the model, note for the user or None)."""
     text = _CONTROL.sub("", text.replace("\r\n", "\n")).strip()
     if not text:
-        return "", "Your message was empty, so there is nothing to answer. Send some text."
+        return "", EMPTY
     limit = config.limits.max_message_chars
     if len(text) <= limit:
         return text, None
@@ -57,10 +61,12 @@ class Receipt:
 
 
 class Intake:
-    def __init__(self, config: Config, store: Store, access: Access) -> None:
+    def __init__(self, config: Config, store: Store, access: Access,
+                 receiver: Receiver | None = None) -> None:
         self.config = config
         self.store = store
         self.access = access
+        self.receiver = receiver or Receiver(config, {}, Senses(config.llm, config.media))
 
     async def accept(self, item: Inbound) -> Receipt:
         """Access, then record: a refusal, a duplicate (refused, no note), or accepted."""
@@ -74,26 +80,32 @@ class Intake:
                 return Receipt(False, None)
         return Receipt(True)
 
-    def texts(self, batch: Sequence[UserMessage]) -> tuple[list[str], list[str]]:
-        """(the batch's texts for the model, each labelled with its author; notes)."""
-        texts, notes = [], []
+    async def said(self, batch: Sequence[UserMessage]) -> tuple[list[Said], list[str]]:
+        """(what each message says to the model, labelled with its author, with the media
+        it brought; notes for the user)."""
+        said, notes = [], []
         for message in batch:
+            got = await self.receiver.receive(message) if message.attachments else Received()
+            notes += got.notes
             text, note = intake(message.text, self.config)
-            if note:
+            if note and not (note is EMPTY and message.attachments):
                 notes.append(note)
-            if text:
-                author = message.user.name or message.user.id
-                context = (f"[Earlier in this thread]\n{message.context}\n\n"
-                           if message.context else "")
-                texts.append(f"{context}[{author}] {text}")
-        return texts, notes
+            words = "\n".join(filter(None, [text, *got.lines]))
+            if not words and not got.media:
+                continue
+            author = message.user.name or message.user.id
+            context = (f"[Earlier in this thread]\n{message.context}\n\n"
+                       if message.context else "")
+            said.append((f"{context}[{author}] {words}", tuple(got.media)))
+        return said, notes
 
 
 def encode_inbound(item: Inbound) -> tuple[str, str]:
     match item:
         case UserMessage():
             return "message", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
-                                          "text": item.text, "context": item.context})
+                                          "text": item.text, "context": item.context,
+                                          "attachments": [asdict(a) for a in item.attachments]})
         case Trigger():
             return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
                                           "prompt": item.prompt, "late": item.late,
@@ -111,7 +123,9 @@ def replay(kind: str, payload: str, ref: str) -> Inbound | None:
         conv = ConvKey(**data["conv"])
         if kind == "message":
             return UserMessage(conv, User(**data["user"]), data["text"], ref=ref,
-                               context=data.get("context"))
+                               context=data.get("context"),
+                               attachments=tuple(Attachment(**a)
+                                                 for a in data.get("attachments", ())))
         if kind == "trigger":
             return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
                            requester=data.get("requester", ""))

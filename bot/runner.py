@@ -31,7 +31,7 @@ from bot.events import (
     TurnEnded,
     User,
 )
-from bot.history import CallState, Msg, Outcome, tool_result
+from bot.history import CallState, Msg, Outcome, Said, tool_result
 from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
 from bot.mcp import Servers
 from bot.prompt import Prompt, Request
@@ -143,15 +143,15 @@ class Runner:
 
     # -- a new turn -------------------------------------------------------------------
 
-    async def begin(self, conv: Conversation, texts: list[str], requester: str,
+    async def begin(self, conv: Conversation, said: list[Said], requester: str,
                     unattended: bool, refs: list[str]) -> bool:
         """Store the turn's messages, trim once (this is the only trim of the turn).
         False when its inbound was processed already (a second copy of it)."""
         number = conv.last_turn + 1
         row = conv.row
-        stored = await self.d.store.begin_turn(
-            row.id, row.session, [Msg("user", text, number) for text in texts], requester,
-            unattended, refs)
+        messages = [Msg("user", text, number, media=media) for text, media in said]
+        stored = await self.d.store.begin_turn(row.id, row.session, messages, requester,
+                                               unattended, refs)
         if stored is None:
             log.info("inbound %s in %s was processed already", refs, row.key)
             return False

@@ -33,6 +33,7 @@ from bot.events import (
     TurnStarted,
     UserMessage,
 )
+from bot.history import Said
 from bot.intake import Intake
 from bot.lanes import Lanes
 from bot.recovery import Resume, load_conversation
@@ -107,17 +108,17 @@ class Worker:
 
     async def _messages(self, conv: Conversation, batch: list[UserMessage]) -> None:
         batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
-        texts, notes = self.intake.texts(batch)
+        said, notes = await self.intake.said(batch)
         for note in notes:
             await self.d.emit(Notice(conv.row.key, note))
         refs = [m.ref for m in batch if m.ref]
-        if not texts:
+        if not said:
             await self.d.store.mark_inbound_done(refs)
             return
         if conv.turn is not None:
             await self._end_waiting(conv, t.supersede(
                 conv.turn, self.runner.limits, "the user sent a new message instead of deciding"))
-        await self._start(conv, texts, batch[-1].user.id, False, refs)
+        await self._start(conv, said, batch[-1].user.id, False, refs)
 
     async def _trigger(self, conv: Conversation, item: Trigger) -> None:
         if not t.trigger_arrives(conv.turn):  # the run waits; a human's card is not denied
@@ -128,12 +129,12 @@ class Worker:
         late = " (running late: Tandem was not running at the scheduled time)" \
             if item.late else ""
         text = f"[Scheduled task {item.job_id}{late}] {item.prompt}"
-        await self._start(conv, [text], item.requester or f"job:{item.job_id}", True,
+        await self._start(conv, [(text, ())], item.requester or f"job:{item.job_id}", True,
                           [item.ref] if item.ref else [])
 
-    async def _start(self, conv: Conversation, texts: list[str], requester: str,
+    async def _start(self, conv: Conversation, said: list[Said], requester: str,
                      unattended: bool, refs: list[str]) -> None:
-        if await self.runner.begin(conv, texts, requester, unattended, refs):
+        if await self.runner.begin(conv, said, requester, unattended, refs):
             await self._drive(conv)
 
     async def _drive(self, conv: Conversation, *, resumed: bool = False) -> None:

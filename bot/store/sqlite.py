@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, calls_from_json, calls_to_json
+from bot.media import media_from_json, media_to_json
 from bot.store import (
     ApprovalRow,
     CallRow,
@@ -28,8 +29,9 @@ T = TypeVar("T")
 
 
 def _msg(row: tuple[Any, ...]) -> Msg:
-    row_id, turn, role, content, calls, call_id, name = row
-    return Msg(role, content, turn, calls_from_json(calls), call_id, name, row_id)
+    row_id, turn, role, content, calls, call_id, name, media = row
+    return Msg(role, content, turn, calls_from_json(calls), call_id, name, row_id,
+               media=media_from_json(media))
 
 
 def _call(r: tuple[Any, ...]) -> CallRow:
@@ -50,9 +52,9 @@ _TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reas
 def _insert_msg(db: sqlite3.Connection, conv_id: int, session: int, m: Msg, now: float) -> Msg:
     cur = db.execute(
         "INSERT INTO messages (conv_id, session, turn, role, content, tool_calls, tool_call_id,"
-        " name, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        " name, media, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
         (conv_id, session, m.turn, m.role, m.content, calls_to_json(m.tool_calls),
-         m.tool_call_id, m.name, now))
+         m.tool_call_id, m.name, media_to_json(m.media), now))
     assert cur.lastrowid is not None
     return m.with_id(cur.lastrowid)
 
@@ -115,8 +117,9 @@ class SQLiteStore(SQLiteStanding):
     async def history(self, conv_id: int, session: int) -> list[Msg]:
         def fn(db: sqlite3.Connection) -> list[Msg]:
             rows = db.execute(
-                "SELECT id, turn, role, content, tool_calls, tool_call_id, name FROM messages"
-                " WHERE conv_id=? AND session=? ORDER BY id", (conv_id, session)).fetchall()
+                "SELECT id, turn, role, content, tool_calls, tool_call_id, name, media"
+                " FROM messages WHERE conv_id=? AND session=? ORDER BY id",
+                (conv_id, session)).fetchall()
             return [_msg(r) for r in rows]
 
         return await self._run(fn)

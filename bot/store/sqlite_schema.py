@@ -109,4 +109,8 @@ MIGRATIONS: list[str] = [
         conv_id INTEGER NOT NULL, session INTEGER NOT NULL, through_id INTEGER NOT NULL,
         text TEXT NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (conv_id, session));
     """,
+    # v4: what came with a user's message (references as JSON, never the bytes)
+    """
+    ALTER TABLE messages ADD COLUMN media TEXT;
+    """,
 ]

@@ -23,7 +23,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bot.errors import PathRefused, ToolError
 from bot.tools import Tool, ToolContext, require_str
@@ -68,18 +68,28 @@ def _recheck(ctx: ToolContext, raw: str, fd: int, name: str = "") -> None:
     _confine(ctx, raw, real / name)
 
 
-def _read_checked(ctx: ToolContext, raw: str, path: Path, limit: int) -> bytes:
-    """At most `limit + 1` bytes of the regular, singly-linked file `path`."""
+def open_checked(ctx: ToolContext, raw: str, path: Path) -> BinaryIO:
+    """The regular, singly-linked file `path` (resolved from `raw`), open for reading."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ToolError(f"cannot open {raw!r}: {exc.strerror}") from None
-    with open(fd, "rb") as fh:
+    fh = open(fd, "rb")  # the caller closes it
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ToolError(f"{raw!r} is not a file")
         _refuse_hard_link(raw, st)
         _recheck(ctx, raw, fd)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def _read_checked(ctx: ToolContext, raw: str, path: Path, limit: int) -> bytes:
+    """At most `limit + 1` bytes of the regular, singly-linked file `path`."""
+    with open_checked(ctx, raw, path) as fh:
         return fh.read(limit + 1)
 
 

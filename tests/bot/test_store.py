@@ -16,6 +16,7 @@ import pytest
 from bot.errors import StoreError
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, tool_result
+from bot.media import Media
 from bot.store import ApprovalRow, ConvRow, JobRow, Store, TurnRow, new_id
 from bot.store.backends import open_store
 
@@ -315,6 +316,21 @@ async def test_history_is_per_session(store: Store) -> None:
     assert [m.content for m in await store.history(conv.id, 2)] == ["second session"]
     other = await store.conversation(ConvKey("console", "other"))
     assert await store.history(other.id, 1) == []
+
+
+async def test_media_references_are_kept_with_their_message(store: Store) -> None:
+    picture = Media("image", "cat.jpg", "uploads/2026-12-02/cat.jpg", "/w/uploads/cat.jpg",
+                    12_345, "image/jpeg", seen=True, tokens=1600)
+    voice = Media("audio", "voice-7.ogg", "uploads/2026-12-02/voice-7.ogg", "/w/v.ogg", 999,
+                  "audio/ogg", transcript="buy milk")
+    conv = await store.conversation(KEY)
+    [stored] = await store.begin_turn(conv.id, 1, [Msg("user", "[Ann] look", 1,
+                                                       media=(picture, voice))],
+                                      "u1", False, []) or [None]
+    assert stored is not None and stored.media == (picture, voice)
+    [loaded] = await store.history(conv.id, 1)
+    assert loaded.media == (picture, voice) and loaded.tokens == stored.tokens
+    assert loaded.media[1].transcript == "buy milk"
 
 
 async def test_sessions_reuse_turn_numbers_and_call_ids_without_collision(
@@ -686,7 +702,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     store = open_store(str(path))
     await store.open()
     try:
-        assert user_version(path) == 3
+        assert user_version(path) == 4
         assert await store.integrity_check() == "ok"
         alice = await store.conversation(ConvKey("console", "alice"))
         assert (alice.id, alice.session, alice.prompt_tokens, alice.cost) == (1, 2, 30, 0.5)
@@ -754,18 +770,18 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     again = open_store(str(path))
     await again.open()
     try:
-        assert user_version(path) == 3
+        assert user_version(path) == 4
         assert len(await again.history(1, 1)) == 6
     finally:
         await again.close()
 
 
-async def test_a_fresh_database_is_v3(tmp_path: Path) -> None:
+async def test_a_fresh_database_is_v4(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
     store = open_store(str(path))
     await store.open()
     await store.close()
-    assert user_version(path) == 3
+    assert user_version(path) == 4
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}

@@ -1,18 +1,26 @@
 """A strict, in-process fake of Slack for tests.
 
-One aiohttp server on 127.0.0.1 (random port) plays three roles:
+One aiohttp server on 127.0.0.1 (random port) plays these roles:
 
 * the Web API (``POST``/``GET /api/{method}``) that the real ``AsyncWebClient`` talks to
   when built with ``base_url=f"{fake.url}/api/"``;
 * the Socket Mode WebSocket (``GET /socket?ticket=N``) handed out by ``apps.connections.open``;
-* ``response_url`` endpoints (``POST /response/{token}``) for interactive payloads.
+* ``response_url`` endpoints (``POST /response/{token}``) for interactive payloads;
+* Slack's file hosts: ``GET /files-pri/{TEAM}-{FILE}/{name}`` (``url_private``) and
+  ``.../download/{name}`` (``url_private_download``) serve a file only to
+  ``Authorization: Bearer <bot token>`` with ``files:read`` (anyone else gets Slack's HTML
+  sign-in page, HTTP 200), and ``POST /upload/v1/{ticket}`` takes the bytes of an external
+  upload (``files.getUploadURLExternal`` -> POST -> ``files.completeUploadExternal``, what
+  ``AsyncWebClient.files_upload_v2`` does).
 
 It also acts as Slack's HTTP-mode event sender (``post_event`` / ``post_action``): it signs
 requests with a signing secret and POSTs them to the bot's own endpoint.
 
 Limits follow the real service: 40,000-character ``text``, at most 50 blocks, 3,000-character
 section text, 2,000-character button values, 255-character ``action_id`` and per-channel rate
-limits on ``chat.postMessage`` / ``chat.update`` (HTTP 429 + ``Retry-After``).
+limits on ``chat.postMessage`` / ``chat.update`` (HTTP 429 + ``Retry-After``). The bot token
+carries ``scopes`` (every Web API answer names them in ``x-oauth-scopes``); the files methods
+refuse a token without the scope they need (``missing_scope``).
 """
 
 from __future__ import annotations
@@ -23,13 +31,15 @@ import hashlib
 import hmac
 import itertools
 import json
+import mimetypes
+import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import aiohttp
 from aiohttp import web
@@ -47,11 +57,49 @@ BOT_NAME = "tandem"
 VERIFICATION_TOKEN = "fake-verification-token"
 
 MAX_TEXT = 40_000
+_DOWNLOAD_CHUNK = 1024 * 1024
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3_000
 MAX_MARKDOWN_TEXT = 12_000
 MAX_BUTTON_VALUE = 2_000
 MAX_ACTION_ID = 255
+MAX_ALT_TXT = 1_000
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+"""The largest request body the fake accepts (aiohttp ``client_max_size``); Slack allows 1 GB."""
+
+DEFAULT_SCOPES = frozenset(
+    {
+        "app_mentions:read",
+        "channels:history",
+        "chat:write",
+        "files:read",
+        "files:write",
+        "groups:history",
+        "im:history",
+        "mpim:history",
+        "reactions:write",
+        "users:read",
+    }
+)
+APP_TOKEN_SCOPES = "connections:write"
+_METHOD_SCOPES = {
+    "apps.connections.open": APP_TOKEN_SCOPES,
+    "files.getUploadURLExternal": "files:write",
+    "files.completeUploadExternal": "files:write",
+    "files.info": "files:read",
+}
+_FILETYPES = {"jpeg": "jpg", "txt": "text", "md": "markdown", "py": "python", "yml": "yaml"}
+_KNOWN_FILETYPES = frozenset(
+    {"png", "jpg", "gif", "webp", "svg", "pdf", "zip", "gzip", "csv", "json", "html", "xml"}
+    | {"mp3", "mp4", "wav", "mov", "docx", "xlsx", "pptx", "yaml", "text", "markdown", "python"}
+)
+_LOGIN_PAGE = (
+    '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+    f"<title>Slack</title></head><body><h1>Sign in to {TEAM_NAME}</h1>"
+    f'<form action="https://{TEAM_DOMAIN}.slack.com/" method="post">'
+    '<input type="email" name="email"><input type="password" name="password">'
+    '<button type="submit">Sign in</button></form></body></html>'
+)
 
 _TS_BASE_MICROS = 1_700_000_000 * 1_000_000
 
@@ -87,6 +135,7 @@ class FakeSlackMessage:
     thread_ts: str | None = None
     edits: list[str] = field(default_factory=list)  # the text after each chat.update
     reactions: list[str] = field(default_factory=list)
+    files: list[JSON] | None = None  # file objects, as the message carries them
 
     @property
     def is_reply(self) -> bool:
@@ -109,6 +158,90 @@ class FakeSlackMessage:
             out["reactions"] = [
                 {"name": name, "users": [BOT_USER_ID], "count": 1} for name in self.reactions
             ]
+        if self.files:
+            out["files"] = self.files
+            out["upload"] = self.bot
+        return out
+
+
+@dataclass
+class FakeSlackFile:
+    """A file the fake hosts: shared by a user (``add_file``) or uploaded by the bot
+    (``files.getUploadURLExternal``, POST, ``files.completeUploadExternal``)."""
+
+    id: str
+    name: str
+    title: str
+    mimetype: str
+    filetype: str
+    user: str
+    data: bytes
+    size: int  # what Slack reports (a test may declare more than ``data`` holds)
+    created: int
+    url_private: str
+    url_private_download: str
+    permalink: str
+    length: int | None = None  # the length announced for an external upload (bot uploads)
+    uploaded: bool = True  # the bytes have arrived
+    completed: bool = True  # shared by a user, or files.completeUploadExternal done
+    initial_comment: str | None = None
+    alt_txt: str | None = None
+    shares: list[FakeSlackMessage] = field(default_factory=list)  # messages carrying it
+
+    def to_api(self) -> JSON:
+        """The file object as a message (or a ``file_share`` event) carries it."""
+        return {
+            "id": self.id,
+            "created": self.created,
+            "timestamp": self.created,
+            "name": self.name,
+            "title": self.title,
+            "mimetype": self.mimetype,
+            "filetype": self.filetype,
+            "user": self.user,
+            "user_team": TEAM_ID,
+            "editable": False,
+            "size": self.size,
+            "mode": "hosted",
+            "is_external": False,
+            "external_type": "",
+            "is_public": False,
+            "public_url_shared": False,
+            "display_as_bot": False,
+            "username": "",
+            "url_private": self.url_private,
+            "url_private_download": self.url_private_download,
+            "permalink": self.permalink,
+            "has_rich_preview": False,
+            "file_access": "visible",
+        }
+
+    def info(self) -> JSON:
+        """The file as ``files.info`` shows it: the object plus where it is shared."""
+        out = self.to_api()
+        shares: dict[str, dict[str, list[JSON]]] = {}
+        for msg in self.shares:
+            entry: JSON = {
+                "ts": msg.ts,
+                "channel_name": _channel_name(msg.channel),
+                "team_id": TEAM_ID,
+                "share_user_id": msg.user,
+                "reply_users": [],
+                "reply_users_count": 0,
+                "reply_count": 0,
+            }
+            if msg.is_reply:
+                entry["thread_ts"] = msg.thread_ts
+            kind = "public" if msg.channel.startswith("C") else "private"
+            shares.setdefault(kind, {}).setdefault(msg.channel, []).append(entry)
+        channels = list(dict.fromkeys(m.channel for m in self.shares))
+        out["shares"] = shares
+        out["channels"] = [c for c in channels if c.startswith("C")]
+        out["groups"] = [c for c in channels if c.startswith("G")]
+        out["ims"] = [c for c in channels if c.startswith("D")]
+        out["comments_count"] = 0
+        if self.alt_txt is not None:
+            out["alt_txt"] = self.alt_txt
         return out
 
 
@@ -164,8 +297,11 @@ class FakeSlackServer:
         burst: int = 3,
         retry_after: int = 1,
         team_id: str | None = TEAM_ID,
+        scopes: Iterable[str] | None = None,
     ) -> None:
         self.bot_token = bot_token
+        self.scopes: set[str] = set(DEFAULT_SCOPES if scopes is None else scopes)
+        """The bot token's scopes (mutable: a test may drop one mid-run)."""
         self.team_id = team_id
         """The workspace ``auth.test`` names (None: an answer without ``team_id``)."""
         self.app_token = app_token
@@ -189,6 +325,8 @@ class FakeSlackServer:
         self.pushed: dict[str, JSON] = {}  # envelope_id -> envelope
         self.responses: list[JSON] = []  # bodies POSTed to response_url endpoints
         self.users: dict[str, JSON] = {}
+        self.files: dict[str, FakeSlackFile] = {}
+        self.refused_downloads: list[str] = []  # file ids served the sign-in page instead
         self.connections_opened = 0
 
         self._ts_counter = itertools.count(1)
@@ -199,6 +337,8 @@ class FakeSlackServer:
         self._push_times: dict[str, float] = {}
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._response_targets: dict[str, _ResponseTarget] = {}
+        self._upload_tickets: dict[str, str] = {}  # upload URL ticket -> file id
+        self._downloads: dict[str, int] = {}
         self._cond = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -213,16 +353,22 @@ class FakeSlackServer:
             "conversations.replies": self._conversations_replies,
             "users.info": self._users_info,
             "reactions.add": self._reactions_add,
+            "files.getUploadURLExternal": self._files_get_upload_url_external,
+            "files.completeUploadExternal": self._files_complete_upload_external,
+            "files.info": self._files_info,
         }
         self.add_user(BOT_USER_ID, name=BOT_NAME, real_name="Tandem", is_bot=True)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> FakeSlackServer:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_UPLOAD_BYTES)
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/response/{token}", self._response_url)
+        app.router.add_get("/files-pri/{ref}/download/{name}", self._file_download)
+        app.router.add_get("/files-pri/{ref}/{name}", self._file_download)
+        app.router.add_post("/upload/v1/{ticket}", self._upload)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -293,6 +439,44 @@ class FakeSlackServer:
         }
         self.users[user_id] = user
         return user
+
+    def add_file(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        mimetype: str,
+        filetype: str | None = None,
+        user: str = "U1",
+        declared_size: int | None = None,
+        title: str | None = None,
+    ) -> JSON:
+        """Register a file ``user`` shares and return its file object (pass it to
+        ``message_event(files=[...])``). ``declared_size`` is the size Slack reports, for a
+        test that claims a big file without allocating it; the URLs serve ``data``."""
+        if user not in self.users:
+            self.add_user(user)
+        size = len(data) if declared_size is None else declared_size
+        f = self._new_file(data, name=name, mimetype=mimetype, user=user, size=size)
+        f.filetype = filetype or f.filetype
+        f.title = title or name
+        return f.to_api()
+
+    def file(self, file_id: str) -> FakeSlackFile | None:
+        return self.files.get(file_id)
+
+    def downloads(self, file_id: str) -> int:
+        """How many times the file's bytes were served (sign-in pages not counted)."""
+        return self._downloads.get(file_id, 0)
+
+    def uploads(self, channel_id: str, thread_ts: str | None = None) -> list[FakeSlackFile]:
+        """The files the bot uploaded into a channel (threads included) or, with
+        ``thread_ts``, into one thread, in message order (``shares`` holds the messages)."""
+        return [
+            self.files[obj["id"]]
+            for m in self.bot_messages(channel_id, thread_ts)
+            for obj in m.files or []
+        ]
 
     def channel(self, channel_id: str, thread_ts: str | None = None) -> list[FakeSlackMessage]:
         """All messages in a channel (threads included) or, with ``thread_ts``, one thread:
@@ -376,6 +560,14 @@ class FakeSlackServer:
         lines.append(f"--- acks: {self.acks}")
         lines.append(f"--- pushed without ack: {[e for e in self.pushed if e not in self.acks]}")
         lines.append(f"--- ephemerals: {len(self.ephemerals)}, responses: {len(self.responses)}")
+        for f in self.files.values():
+            state = "shared" if f.completed else "uploaded" if f.uploaded else "pending"
+            where = [f"{m.channel}/{m.thread_ts or m.ts}" for m in f.shares]
+            lines.append(
+                f"--- file {f.id} {f.name!r} {f.size}B {state} in {where} "
+                f"downloads={self.downloads(f.id)}"
+            )
+        lines.append(f"--- refused downloads: {self.refused_downloads}")
         lines.append(f"--- rate limited: {self.rate_limited}")
         lines.append(f"--- open sockets: {len(self._sockets)}")
         return "\n".join(lines)
@@ -388,6 +580,29 @@ class FakeSlackServer:
 
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._id_counter):08d}FAKE"
+
+    def _new_file(
+        self, data: bytes, *, name: str, mimetype: str, user: str, size: int
+    ) -> FakeSlackFile:
+        file_id = self._new_id("F")
+        base = f"{self.url}/files-pri/{TEAM_ID}-{file_id}"
+        quoted = quote(name, safe="")
+        f = FakeSlackFile(
+            id=file_id,
+            name=name,
+            title=name,
+            mimetype=mimetype,
+            filetype=_guess_filetype(name),
+            user=user,
+            data=data,
+            size=size,
+            created=int(time.time()),
+            url_private=f"{base}/{quoted}",
+            url_private_download=f"{base}/download/{quoted}",
+            permalink=f"https://{TEAM_DOMAIN}.slack.com/files/{user}/{file_id}/{quoted}",
+        )
+        self.files[file_id] = f
+        return f
 
     def event_body(
         self, event: JSON, *, event_id: str | None = None, team_id: str = TEAM_ID
@@ -427,38 +642,35 @@ class FakeSlackServer:
         channel_type: str = "im",
         mention: bool = False,
         team: str | None = TEAM_ID,
+        files: list[JSON] | None = None,
     ) -> JSON:
         """Store a user message and return the event Slack would send for it
         (``message``, or ``app_mention`` with ``<@UBOT>`` prefixed when ``mention``);
-        ``team`` is the event's own workspace field (None leaves it out)."""
+        ``team`` is the event's own workspace field (None leaves it out). With ``files``
+        (objects from ``add_file``) it is a ``file_share`` message (``text`` may be empty)."""
         if user not in self.users:
             self.add_user(user)
         full_text = f"<@{BOT_USER_ID}> {text}" if mention else text
         ts = self.new_ts()
         root = self._thread_root(channel, thread_ts) if thread_ts else None
-        self._store(FakeSlackMessage(channel, ts, user, full_text, thread_ts=root))
-        elements: list[JSON] = [{"type": "text", "text": text}]
-        if mention:
-            elements = [
-                {"type": "user", "user_id": BOT_USER_ID},
-                {"type": "text", "text": f" {text}"},
-            ]
+        msg = self._store(
+            FakeSlackMessage(
+                channel, ts, user, full_text, thread_ts=root, files=list(files) if files else None
+            )
+        )
         event: JSON = {
             "type": "app_mention" if mention else "message",
             "user": user,
             "text": full_text,
             "ts": ts,
-            "client_msg_id": str(uuid.uuid4()),
-            "blocks": [
-                {
-                    "type": "rich_text",
-                    "block_id": uuid.uuid4().hex[:5],
-                    "elements": [{"type": "rich_text_section", "elements": elements}],
-                }
-            ],
             "channel": channel,
             "event_ts": ts,
         }
+        if full_text or not files:
+            event["client_msg_id"] = str(uuid.uuid4())
+            event["blocks"] = _rich_text_blocks(text, mention)
+        if files:
+            self._attach_files(event, msg, files, mention)
         if root is not None:
             event["thread_ts"] = root
             parent = self.message(channel, root)
@@ -469,6 +681,19 @@ class FakeSlackServer:
         if not mention:
             event["channel_type"] = channel_type
         return event
+
+    def _attach_files(
+        self, event: JSON, msg: FakeSlackMessage, files: list[JSON], mention: bool
+    ) -> None:
+        event["files"] = list(files)
+        event["upload"] = False
+        event["display_as_bot"] = False
+        if not mention:
+            event["subtype"] = "file_share"
+        for obj in files:
+            known = self.files.get(str(obj.get("id")))
+            if known is not None:
+                known.shares.append(msg)
 
     def block_actions(
         self,
@@ -784,6 +1009,66 @@ class FakeSlackServer:
                 }
             )
 
+    # ------------------------------------------------------------------ file hosts
+
+    async def _file_download(self, request: web.Request) -> web.StreamResponse:
+        f = self._file_at(request.match_info["ref"], request.match_info["name"])
+        if f is None:
+            return web.Response(status=404, text="Not Found")
+        counts = request.method == "GET"  # aiohttp answers HEAD on the same route
+        if not self._may_download(request.headers.get("Authorization", "")):
+            # What Slack answers a browser without a session: its sign-in page, HTTP 200.
+            if counts:
+                self.refused_downloads.append(f.id)
+                await self._notify()
+            return web.Response(text=_LOGIN_PAGE, content_type="text/html")
+        headers = {"Content-Type": f.mimetype}
+        if "/download/" in request.path:
+            quoted = quote(f.name, safe="")
+            headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{quoted}"
+        if counts:
+            self._downloads[f.id] = self.downloads(f.id) + 1
+            await self._notify()
+        if request.method != "GET":
+            return web.Response(body=f.data, headers=headers)
+        # streamed in pieces (each write waits for the client), so a large file is never
+        # buffered whole by the fake while the client is slower
+        headers["Content-Length"] = str(len(f.data))
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        view = memoryview(f.data)
+        for start in range(0, len(view), _DOWNLOAD_CHUNK):
+            await response.write(view[start:start + _DOWNLOAD_CHUNK])
+        await response.write_eof()
+        return response
+
+    def _file_at(self, ref: str, name: str) -> FakeSlackFile | None:
+        team, _, file_id = ref.partition("-")
+        f = self.files.get(file_id)
+        if team != TEAM_ID or f is None or f.name != name or not f.uploaded:
+            return None
+        return f
+
+    def _may_download(self, authorization: str) -> bool:
+        return authorization == f"Bearer {self.bot_token}" and "files:read" in self.scopes
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        file_id = self._upload_tickets.get(request.match_info["ticket"])
+        f = self.files.get(file_id or "")
+        if f is None or f.length is None:
+            return web.Response(status=404, text="Not Found")
+        data = await _upload_body(request)
+        if len(data) != f.length:
+            await self._notify()
+            return web.Response(
+                status=400, text=f"Upload failed: expected {f.length} bytes, got {len(data)}"
+            )
+        f.data = data
+        f.size = len(data)
+        f.uploaded = True
+        await self._notify()
+        return web.Response(text=f"OK - {len(data)}")
+
     # ------------------------------------------------------------------ Web API plumbing
 
     async def _notify(self) -> None:
@@ -801,14 +1086,37 @@ class FakeSlackServer:
     def _dispatch(
         self, method: str, params: JSON, token: str | None
     ) -> tuple[int, JSON, dict[str, str]]:
+        headers = self._scope_headers(method, token)
         try:
             handler = self._handlers.get(method)
             if handler is None:
                 raise _ApiError("unknown_method")
             self._check_token(method, token)
-            return 200, {"ok": True, **handler(params)}, {}
+            self._check_scope(method)
+            return 200, {"ok": True, **handler(params)}, headers
         except _ApiError as e:
-            return e.status, {"ok": False, "error": e.error, **e.extra}, e.headers
+            return e.status, {"ok": False, "error": e.error, **e.extra}, {**headers, **e.headers}
+
+    def _scope_headers(self, method: str, token: str | None) -> dict[str, str]:
+        """``x-oauth-scopes`` (the token's scopes) and ``x-accepted-oauth-scopes`` (what the
+        method needs), as Slack sends them to a token it recognises."""
+        if token == self.bot_token:
+            headers = {"x-oauth-scopes": ",".join(sorted(self.scopes))}
+        elif token == self.app_token:
+            headers = {"x-oauth-scopes": APP_TOKEN_SCOPES}
+        else:
+            return {}
+        needed = _METHOD_SCOPES.get(method)
+        if needed is not None:
+            headers["x-accepted-oauth-scopes"] = needed
+        return headers
+
+    def _check_scope(self, method: str) -> None:
+        needed = _METHOD_SCOPES.get(method)
+        if needed is None or needed == APP_TOKEN_SCOPES or needed in self.scopes:
+            return
+        provided = ",".join(sorted(self.scopes))
+        raise _ApiError("missing_scope", extra={"needed": needed, "provided": provided})
 
     def _check_token(self, method: str, token: str | None) -> None:
         if not token:
@@ -837,6 +1145,17 @@ class FakeSlackServer:
     def _store(self, msg: FakeSlackMessage) -> FakeSlackMessage:
         self.messages.setdefault(msg.channel, []).append(msg)
         return msg
+
+    def _open_thread(self, channel: str, thread_ts: str | None) -> str | None:
+        """The root a reply posted with ``thread_ts`` lands under (a reply's ts means its
+        root); the root becomes a thread parent. Like Slack, an unknown ts is taken as is."""
+        if thread_ts is None:
+            return None
+        root = self._thread_root(channel, thread_ts)
+        parent = self.message(channel, root)
+        if parent is not None and parent.thread_ts is None:
+            parent.thread_ts = parent.ts
+        return root
 
     def _thread_root(self, channel: str, thread_ts: str) -> str:
         parent = self.message(channel, thread_ts)
@@ -882,12 +1201,7 @@ class FakeSlackServer:
         channel = _require_channel(params)
         _validate_content(params)
         self._rate_check("chat.postMessage", channel, self.post_interval)
-        thread_ts = params.get("thread_ts") or None
-        if thread_ts is not None:
-            thread_ts = self._thread_root(channel, str(thread_ts))
-            parent = self.message(channel, thread_ts)
-            if parent is not None and parent.thread_ts is None:
-                parent.thread_ts = parent.ts
+        thread_ts = self._open_thread(channel, str(params.get("thread_ts") or "") or None)
         msg = self._store(
             FakeSlackMessage(
                 channel,
@@ -986,6 +1300,85 @@ class FakeSlackServer:
         self.reactions.append((channel, msg.ts, name))
         return {}
 
+    def _files_get_upload_url_external(self, params: JSON) -> JSON:
+        filename = str(params.get("filename") or "")
+        if not filename:
+            raise _invalid_arguments("missing required field: filename")
+        length = _upload_length(params.get("length"))
+        alt_txt = params.get("alt_txt")
+        if alt_txt is not None and len(str(alt_txt)) > MAX_ALT_TXT:
+            raise _ApiError("alt_txt_too_large")
+        f = self._new_file(
+            b"", name=filename, mimetype=_guess_mimetype(filename), user=BOT_USER_ID, size=0
+        )
+        f.length = length
+        f.uploaded = f.completed = False
+        f.alt_txt = None if alt_txt is None else str(alt_txt)
+        ticket = uuid.uuid4().hex
+        self._upload_tickets[ticket] = f.id
+        return {"upload_url": f"{self.url}/upload/v1/{ticket}", "file_id": f.id}
+
+    def _files_complete_upload_external(self, params: JSON) -> JSON:
+        entries = _upload_entries(params.get("files"))
+        files = [self._completable(file_id) for file_id in entries]
+        targets = _share_targets(params)
+        thread_ts = str(params.get("thread_ts") or "") or None
+        if thread_ts is not None and len(targets) != 1:
+            raise _invalid_arguments("thread_ts needs exactly one channel")
+        comment = str(params.get("initial_comment") or "")
+        if len(comment) > MAX_TEXT:
+            raise _ApiError("msg_too_long")
+        blocks = None if comment else params.get("blocks") or None
+        if blocks is not None and _block_errors(blocks):
+            raise _ApiError("invalid_blocks", extra={"errors": _block_errors(blocks)})
+        for f, title in zip(files, entries.values(), strict=True):
+            f.title = title or f.title
+            f.completed = True
+            f.initial_comment = comment or None
+        self._upload_tickets = {t: i for t, i in self._upload_tickets.items() if i not in entries}
+        for channel in targets:
+            self._share(files, channel, self._open_thread(channel, thread_ts), comment, blocks)
+        return {"files": [{"id": f.id, "title": f.title} for f in files]}
+
+    def _completable(self, file_id: str) -> FakeSlackFile:
+        f = self.files.get(file_id)
+        if f is None or f.length is None:
+            raise _file_not_found(f"no upload ticket for file {file_id!r}")
+        if f.completed:
+            raise _file_not_found(f"the upload of {file_id} is already complete")
+        if not f.uploaded:
+            raise _file_not_found(f"the bytes of {file_id} never arrived at its upload_url")
+        return f
+
+    def _share(
+        self,
+        files: list[FakeSlackFile],
+        channel: str,
+        thread_ts: str | None,
+        comment: str,
+        blocks: list[JSON] | None,
+    ) -> None:
+        msg = self._store(
+            FakeSlackMessage(
+                channel,
+                self.new_ts(),
+                BOT_USER_ID,
+                comment,
+                bot=True,
+                blocks=blocks,
+                thread_ts=thread_ts,
+                files=[f.to_api() for f in files],
+            )
+        )
+        for f in files:
+            f.shares.append(msg)
+
+    def _files_info(self, params: JSON) -> JSON:
+        f = self.files.get(str(params.get("file") or ""))
+        if f is None or not f.completed:
+            raise _ApiError("file_not_found")
+        return {"file": f.info(), "comments": [], "response_metadata": {"next_cursor": ""}}
+
 
 # ---------------------------------------------------------------------- helpers
 
@@ -1013,6 +1406,113 @@ async def _read_params(request: web.Request) -> tuple[JSON, str | None]:
     if auth.startswith("Bearer "):
         token = auth.removeprefix("Bearer ").strip()
     return params, token
+
+
+async def _upload_body(request: web.Request) -> bytes:
+    """The bytes POSTed to an upload URL: the raw body, or the file part of a form."""
+    if request.content_type != "multipart/form-data":
+        return await request.read()
+    reader = await request.multipart()
+    while True:
+        part = await reader.next()
+        if part is None:
+            return b""
+        if isinstance(part, aiohttp.BodyPartReader) and (
+            part.filename is not None or part.name in ("file", "filename")
+        ):
+            return await part.read(decode=False)
+
+
+def _invalid_arguments(message: str) -> _ApiError:
+    return _ApiError(
+        "invalid_arguments", extra={"response_metadata": {"messages": [f"[ERROR] {message}"]}}
+    )
+
+
+def _file_not_found(reason: str) -> _ApiError:
+    """``file_not_found`` ("could not find the file from the upload ticket"), with the
+    fake's reason in ``response_metadata`` (Slack's own answer carries no reason)."""
+    return _ApiError(
+        "file_not_found", extra={"response_metadata": {"messages": [f"[ERROR] {reason}"]}}
+    )
+
+
+def _upload_length(value: object) -> int:
+    text = "" if value is None else str(value)
+    if not text:
+        raise _invalid_arguments("missing required field: length")
+    if isinstance(value, bool) or not re.fullmatch(r"-?[0-9]+", text):
+        raise _invalid_arguments("invalid type for field: length (expected integer)")
+    length = int(text)
+    if length == 0:
+        raise _ApiError("missing_argument")  # Slack's documented answer to length=0
+    if length < 0:
+        raise _invalid_arguments("length must be a positive integer")
+    return length
+
+
+def _upload_entries(raw: object) -> dict[str, str | None]:
+    """``files`` of files.completeUploadExternal (a JSON list of ``{id, title?}``) as
+    id -> title, in order."""
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise _invalid_arguments("files must be a JSON array") from None
+    if not isinstance(items, list) or not items:
+        raise _invalid_arguments("missing required field: files")
+    entries: dict[str, str | None] = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            raise _invalid_arguments("every file needs an id")
+        if item["id"] in entries:
+            raise _invalid_arguments(f"file {item['id']} is listed twice")
+        title = item.get("title")
+        entries[item["id"]] = str(title) if title else None
+    return entries
+
+
+def _share_targets(params: JSON) -> list[str]:
+    """Where files.completeUploadExternal shares: ``channel_id`` or comma-separated
+    ``channels``; neither keeps the files private. Any non-empty id is a channel, as in
+    chat.postMessage."""
+    if "channel_id" in params:
+        channel = params["channel_id"]
+        if not channel or not isinstance(channel, str):
+            raise _ApiError("invalid_channel")
+        return [channel]
+    raw = params.get("channels")
+    if raw is None:
+        return []
+    targets = [c.strip() for c in str(raw).split(",")]
+    if not all(targets):
+        raise _ApiError("invalid_channel")
+    return targets
+
+
+def _guess_mimetype(name: str) -> str:
+    return mimetypes.guess_type(name, strict=False)[0] or "application/octet-stream"
+
+
+def _guess_filetype(name: str) -> str:
+    ext = name.rpartition(".")[2].lower() if "." in name else ""
+    filetype = _FILETYPES.get(ext, ext)
+    return filetype if filetype in _KNOWN_FILETYPES else "binary"
+
+
+def _rich_text_blocks(text: str, mention: bool) -> list[JSON]:
+    elements: list[JSON] = [{"type": "text", "text": text}]
+    if mention:
+        elements = [
+            {"type": "user", "user_id": BOT_USER_ID},
+            {"type": "text", "text": f" {text}"},
+        ]
+    return [
+        {
+            "type": "rich_text",
+            "block_id": uuid.uuid4().hex[:5],
+            "elements": [{"type": "rich_text_section", "elements": elements}],
+        }
+    ]
 
 
 def _require_channel(params: JSON) -> str:

@@ -46,6 +46,14 @@ long polls.  Behaviour worth knowing when writing tests:
   numeric reference is rejected (Telegram keeps it as text), so unescaped
   output is caught.  Lengths are counted in characters (code points).
 * :meth:`FakeTelegram.max_edit_rate` counts edit requests of any outcome.
+* Files: ``push_photo`` / ``push_voice`` / ``push_audio`` / ``push_video_note`` /
+  ``push_document`` queue a user's media (a photo comes as PhotoSizes, smallest
+  first, made with Pillow).  ``getFile`` gives Telegram's ``file_path`` shapes
+  (``photos/file_0.jpg``, ``voice/file_1.oga``, ...), refuses files over 20 MB with
+  ``file is too big`` (``declared_size`` fakes a big file without its bytes), and a
+  download is served only at a path ``getFile`` gave.  ``sendPhoto`` refuses photos
+  over 10 MB, with bad dimensions or undecodable; any upload over 50 MB gets 413.
+  :meth:`FakeTelegram.uploads` and :meth:`FakeTelegram.downloads` report both ways.
 * Times (:attr:`Call.time`, chat actions) come from :func:`time.monotonic`.
 """
 
@@ -54,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import io
 import itertools
 import json
 import math
@@ -62,10 +71,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aiohttp import web
+from PIL import Image
 
 JSONDict = dict[str, Any]
 Handler = Callable[[JSONDict], Awaitable[Any]]
@@ -75,7 +86,15 @@ MAX_CAPTION = 1024
 MAX_CALLBACK_DATA = 64
 MAX_CALLBACK_ANSWER = 200
 MAX_BUTTONS = 100
-MAX_UPLOAD = 50 * 1024 * 1024
+MAX_UPLOAD = 50 * 1024 * 1024  # a bot's upload; bigger: 413
+MAX_DOWNLOAD = 20 * 1024 * 1024  # getFile refuses bigger files
+MAX_PHOTO = 10 * 1024 * 1024
+MAX_PHOTO_SIDES = 10_000  # width + height
+MAX_PHOTO_RATIO = 20
+MAX_REQUEST = 64 * 1024 * 1024  # aiohttp's client_max_size; a bigger body gets 413 as well
+PHOTO_THUMBS = (90, 320, 800)  # boxes of the smaller PhotoSizes Telegram adds
+DOWNLOAD_CHUNK = 1024 * 1024
+TOO_LARGE = "Request Entity Too Large"
 
 NOT_MODIFIED = (
     "message is not modified: specified new message content and reply markup are exactly "
@@ -245,33 +264,89 @@ class Call:
         return self.status == 200
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """How Telegram names and describes one kind of file."""
+
+    id_prefix: str
+    folder: str  # of the file_path getFile gives
+    extension: str  # of the file_path, unless ``named`` and the file name has one
+    named: bool
+    fields: tuple[str, ...]  # of the JSON object besides ids and size
+    title: str  # in "can't use file of type X as Y"
+
+
+FILE_KINDS = {
+    "photo": _Kind("AgACAgIAAxkBAAI", "photos", ".jpg", False, ("width", "height"), "Photo"),
+    "voice": _Kind(
+        "AwACAgIAAxkBAAI", "voice", ".oga", False, ("duration", "mime_type"), "VoiceNote"
+    ),
+    "audio": _Kind(
+        "CQACAgIAAxkBAAI", "music", ".mp3", True, ("duration", "file_name", "mime_type"), "Audio"
+    ),
+    "video_note": _Kind(
+        "DQACAgIAAxkBAAI", "video_notes", ".mp4", False, ("length", "duration"), "VideoNote"
+    ),
+    "document": _Kind(
+        "BQACAgIAAxkDAAI", "documents", "", True, ("file_name", "mime_type"), "Document"
+    ),
+}
+
+
 @dataclass
-class FakeDocument:
+class FakeFile:
+    """A file in the fake's store: one photo size, a voice note, audio, video note or document.
+
+    ``size`` is the size Telegram reports: ``len(data)`` unless the test declared
+    more (a download serves ``data`` as it is).  ``file_path`` is set by the first
+    getFile; ``downloads`` counts the downloads served.
+    """
+
+    kind: str
     file_id: str
     file_unique_id: str
-    file_name: str
-    mime_type: str
-    data: bytes
+    data: bytes = field(repr=False)
+    size: int
+    file_name: str = ""
+    mime_type: str = ""
+    width: int = 0
+    height: int = 0
+    duration: int = 0
+    length: int = 0
+    file_path: str | None = None
+    downloads: int = 0
 
     @property
     def name(self) -> str:
         return self.file_name
 
     def as_json(self) -> JSONDict:
-        return {
-            "file_id": self.file_id,
-            "file_unique_id": self.file_unique_id,
-            "file_name": self.file_name,
-            "mime_type": self.mime_type,
-            "file_size": len(self.data),
-        }
+        out: JSONDict = {"file_id": self.file_id, "file_unique_id": self.file_unique_id}
+        out.update((key, getattr(self, key)) for key in FILE_KINDS[self.kind].fields)
+        out["file_size"] = self.size
+        return out
+
+
+FakeDocument = FakeFile  # the name from before photos and voice notes
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A photo (its largest size) or document the bot sent; see :meth:`FakeTelegram.uploads`."""
+
+    kind: str
+    file_name: str
+    data: bytes = field(repr=False)
+    caption: str
+    thread_id: int | None
+    message_id: int
 
 
 @dataclass
 class FakeMessage:
     """A message as currently shown in the chat (after edits).
 
-    ``text`` is the visible plain text (for a document: its caption), ``raw_text``
+    ``text`` is the visible plain text (for media: the caption), ``raw_text``
     what was sent, ``entities`` the parsed formatting, ``history`` every visible
     text the message has had, oldest first.
     """
@@ -285,7 +360,9 @@ class FakeMessage:
     parse_mode: str | None = None
     entities: list[JSONDict] = field(default_factory=list)
     reply_markup: JSONDict | None = None
-    document: FakeDocument | None = None
+    document: FakeFile | None = None
+    photo: list[FakeFile] = field(default_factory=list)  # sizes, smallest first
+    media: FakeFile | None = None  # a voice note, audio or video note
     edits: int = 0
     deleted: bool = False
     sender: JSONDict = field(default_factory=dict)
@@ -294,6 +371,12 @@ class FakeMessage:
     reply_to_message_id: int | None = None
     reactions: list[JSONDict] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[FakeFile]:
+        """Every file the message carries (all photo sizes)."""
+        single = self.document or self.media
+        return [*self.photo, *([single] if single else [])]
 
 
 @dataclass
@@ -916,6 +999,13 @@ def _decode_value(key: str, value: Any) -> Any:
 
 
 async def _read_params(request: web.Request) -> JSONDict:
+    try:
+        return await _read_body(request)
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, TOO_LARGE) from None
+
+
+async def _read_body(request: web.Request) -> JSONDict:
     raw: JSONDict = dict(request.query)
     if request.content_type == "application/json":
         body = await request.read()
@@ -953,6 +1043,51 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# --------------------------------------------------------------------------- media
+
+
+def _open_image(data: bytes) -> Image.Image:
+    """The decoded image, or Telegram's error for bytes it cannot take as a photo."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise bad_request("PHOTO_INVALID_DIMENSIONS") from None
+    except Exception:
+        raise bad_request("IMAGE_PROCESS_FAILED") from None
+    width, height = image.size
+    if width + height > MAX_PHOTO_SIDES or max(width, height) > MAX_PHOTO_RATIO * min(
+        width, height
+    ):
+        raise bad_request("PHOTO_INVALID_DIMENSIONS")
+    try:
+        image.load()
+    except Exception:
+        raise bad_request("IMAGE_PROCESS_FAILED") from None
+    return image
+
+
+def _jpeg_thumbnail(image: Image.Image, box: int) -> tuple[bytes, int, int]:
+    """A JPEG copy of ``image`` that fits a ``box``-pixel square, and its width and height."""
+    small = image.copy()
+    small.thumbnail((box, box))
+    out = io.BytesIO()
+    small.convert("RGB").save(out, "JPEG", quality=85)
+    return out.getvalue(), small.width, small.height
+
+
+class Origin(TypedDict, total=False):
+    """Where a user's message comes from (the keyword arguments of the ``push_*`` helpers)."""
+
+    chat_type: str  # "private" unless given
+    thread_id: int | None
+    reply_to_message_id: int | None
+    first_name: str  # "Ann" unless given
+    username: str | None
+
+
+_ORIGIN_KEYS = Origin.__optional_keys__
+
+
 # --------------------------------------------------------------------------- the server
 
 
@@ -965,7 +1100,7 @@ class FakeTelegram:
     next quick one gets 429 ``retry after N`` (N = ``retry_after``) and opens a hold
     of N seconds during which every send and edit to that chat gets 429 too, with
     the seconds left.  ``send_interval`` (off when 0) applies the same rule to
-    sendMessage/sendDocument.
+    sendMessage/sendDocument/sendPhoto.
     """
 
     def __init__(
@@ -1013,7 +1148,10 @@ class FakeTelegram:
         self._query_ids = itertools.count(4_815_162_342_000_001)
         self._file_ids = itertools.count(1)
         self._open_queries: set[str] = set()
-        self._files: dict[str, FakeDocument] = {}
+        self._files: dict[str, FakeFile] = {}
+        self._photos: dict[str, list[FakeFile]] = {}  # any size's file_id -> all sizes
+        self._paths: dict[str, FakeFile] = {}
+        self._path_ids = itertools.count(0)
         self._edit_times: dict[int, list[float]] = {}
         self._flood_state: dict[tuple[int, str], _Flood] = {}
         self._hold_until: dict[int, float] = {}
@@ -1034,6 +1172,7 @@ class FakeTelegram:
             "answerCallbackQuery": self._answer_callback_query,
             "sendChatAction": self._send_chat_action,
             "sendDocument": self._send_document,
+            "sendPhoto": self._send_photo,
             "getFile": self._get_file,
             "setMyCommands": self._set_my_commands,
             "getMyCommands": self._get_my_commands,
@@ -1045,7 +1184,7 @@ class FakeTelegram:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=MAX_UPLOAD + 1024 * 1024)
+        app = web.Application(client_max_size=MAX_REQUEST)
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
         app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -1104,26 +1243,123 @@ class FakeTelegram:
             chat["is_forum"] = True
         return chat
 
-    def push_message(
+    def push_message(self, chat_id: int, user_id: int, text: str, **origin: Unpack[Origin]) -> int:
+        """Queue a user's text message as an update; returns the update_id."""
+        return self._push_user(chat_id, user_id, text, origin)
+
+    def push_photo(
         self,
         chat_id: int,
         user_id: int,
-        text: str,
+        data: bytes,
         *,
-        chat_type: str = "private",
-        thread_id: int | None = None,
-        reply_to_message_id: int | None = None,
-        first_name: str = "Ann",
-        username: str | None = None,
+        caption: str = "",
+        **origin: Unpack[Origin],
     ) -> int:
-        """Queue a user's text message as an update; returns the update_id."""
+        """Queue a user's photo: ``photo`` lists sizes smallest first, the largest is ``data``.
+
+        The smaller sizes (90, 320 and 800 pixel boxes, those smaller than the photo)
+        are JPEG copies made with Pillow; ``data`` must be an image Pillow opens.
+        """
+        try:
+            image = _open_image(data)
+        except ApiError as exc:
+            raise ValueError(
+                f"push_photo needs an image Telegram takes: {exc.description}"
+            ) from None
+        photo = self._store_photo(data, image, "photo.jpg")
+        return self._push_user(chat_id, user_id, caption, origin, photo=photo)
+
+    def push_voice(
+        self,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        *,
+        duration: int = 3,
+        mime_type: str = "audio/ogg",
+        caption: str = "",
+        declared_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Queue a user's voice note.  ``declared_size``: the size Telegram reports, if bigger."""
+        voice = self._store("voice", data, declared_size, duration=duration, mime_type=mime_type)
+        return self._push_user(chat_id, user_id, caption, origin, media=voice)
+
+    def push_audio(
+        self,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        *,
+        file_name: str = "song.mp3",
+        mime_type: str = "audio/mpeg",
+        duration: int = 3,
+        caption: str = "",
+        declared_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Queue a user's audio file (music)."""
+        audio = self._store(
+            "audio",
+            data,
+            declared_size,
+            duration=duration,
+            file_name=file_name,
+            mime_type=mime_type,
+        )
+        return self._push_user(chat_id, user_id, caption, origin, media=audio)
+
+    def push_video_note(
+        self,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        *,
+        duration: int = 3,
+        length: int = 240,
+        declared_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Queue a user's round video note (these have no caption)."""
+        note = self._store("video_note", data, declared_size, duration=duration, length=length)
+        return self._push_user(chat_id, user_id, "", origin, media=note)
+
+    def push_document(
+        self,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        *,
+        file_name: str,
+        mime_type: str,
+        caption: str = "",
+        declared_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Queue a user's document; ``data`` is kept as given (it may be large)."""
+        document = self._store(
+            "document", data, declared_size, file_name=file_name, mime_type=mime_type
+        )
+        return self._push_user(chat_id, user_id, caption, origin, document=document)
+
+    def _push_user(
+        self, chat_id: int, user_id: int, text: str, origin: Origin, **media: Any
+    ) -> int:
+        """Queue a user's message (``text`` is the caption when ``media`` is given)."""
+        unknown = set(origin) - _ORIGIN_KEYS
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+        first_name, username = origin.get("first_name", "Ann"), origin.get("username")
+        thread_id = origin.get("thread_id")
         self.add_chat(
             chat_id,
-            chat_type,
+            origin.get("chat_type", "private"),
             first_name=first_name,
             username=username,
             is_forum=thread_id is not None,
         )
+        reply_to_message_id = origin.get("reply_to_message_id")
         if reply_to_message_id is not None:
             target = self._find(chat_id, reply_to_message_id)
             if target is None:
@@ -1143,6 +1379,7 @@ class FakeTelegram:
             raw_text=text,
             entities=auto_entities(text),
             reply_to_message_id=reply_to_message_id,
+            **media,
         )
         return self._push_update({"message": self._message_json(message)})
 
@@ -1212,8 +1449,23 @@ class FakeTelegram:
         return found
 
     def bot_texts(self, chat_id: int, thread_id: int | None = None) -> list[str]:
-        """Visible texts (captions for documents) of the bot's messages, oldest first."""
+        """Visible texts (captions for media) of the bot's messages, oldest first."""
         return [m.text for m in self.chat(chat_id, thread_id) if m.from_bot]
+
+    def uploads(self, chat_id: int, thread_id: int | None = None) -> list[Upload]:
+        """Photos and documents the bot sent to the chat (deleted ones left out), oldest first."""
+        found: list[Upload] = []
+        for m in self.chat(chat_id, thread_id):
+            sent = m.photo[-1] if m.photo else m.document
+            if m.from_bot and sent is not None:
+                found.append(
+                    Upload(sent.kind, sent.file_name, sent.data, m.text, m.thread_id, m.message_id)
+                )
+        return found
+
+    def downloads(self, file_id: str) -> int:
+        """How many times the file's bytes were served (``KeyError`` for an unknown id)."""
+        return self._files[file_id].downloads
 
     @property
     def commands(self) -> list[JSONDict]:
@@ -1263,7 +1515,8 @@ class FakeTelegram:
                 who = "bot" if m.from_bot else "user"
                 flags = " (deleted)" if m.deleted else ""
                 thread = f" [thread {m.thread_id}]" if m.thread_id is not None else ""
-                lines.append(f"  #{m.message_id} {who}{thread}{flags}: {_short(m.text, 100)}")
+                kind = f"[{m.files[0].kind}] " if m.files else ""
+                lines.append(f"  #{m.message_id} {who}{thread}{flags}: {kind}{_short(m.text, 100)}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ HTTP plumbing
@@ -1293,14 +1546,23 @@ class FakeTelegram:
         self._signal.fire()
         return web.json_response(body, status=call.status)
 
-    async def _download(self, request: web.Request) -> web.Response:
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        """Serve a file by the ``file_path`` getFile gave, in chunks, with Content-Length."""
         if request.match_info["token"] != self.token:
             return web.json_response(ApiError(401, "Unauthorized").body(), status=401)
-        file_id = request.match_info["path"].split("/")[-1].split("_", 1)[0]
-        document = self._files.get(file_id)
-        if document is None:
+        stored = self._paths.get(request.match_info["path"])
+        if stored is None:
             return web.json_response(ApiError(404, "Not Found").body(), status=404)
-        return web.Response(body=document.data, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(stored.data)
+        await response.prepare(request)
+        view = memoryview(stored.data)
+        for start in range(0, len(view), DOWNLOAD_CHUNK):
+            await response.write(view[start : start + DOWNLOAD_CHUNK])
+        await response.write_eof()
+        stored.downloads += 1
+        self._signal.fire()
+        return response
 
     def _push_update(self, payload: JSONDict) -> int:
         update_id = next(self._update_ids)
@@ -1390,12 +1652,14 @@ class FakeTelegram:
                 out["reply_to_message"] = reply
         if message.edit_date is not None:
             out["edit_date"] = message.edit_date
-        if message.document is not None:
-            out["document"] = message.document.as_json()
-            text_key, entities_key = "caption", "caption_entities"
-        else:
-            text_key, entities_key = "text", "entities"
-        if message.text or message.document is None:
+        if message.photo:
+            out["photo"] = [size.as_json() for size in message.photo]
+        single = message.document or message.media
+        if single is not None:
+            out[single.kind] = single.as_json()
+        media = bool(message.files)
+        text_key, entities_key = ("caption", "caption_entities") if media else ("text", "entities")
+        if message.text or not media:
             out[text_key] = message.text
         if message.entities:
             out[entities_key] = message.entities
@@ -1535,7 +1799,7 @@ class FakeTelegram:
 
     async def _edit_message_text(self, params: JSONDict) -> JSONDict:
         message = self._editable(params, "editMessageText")
-        if message.document is not None:
+        if message.files:
             raise bad_request("there is no text in the message to edit")
         raw = str(params.get("text", ""))
         visible, entities = parse_text(raw, params.get("parse_mode"), params.get("entities"))
@@ -1602,36 +1866,94 @@ class FakeTelegram:
         self.chat_actions.append((chat_id, str(action), time.monotonic()))
         return True
 
-    def _document_from(self, params: JSONDict) -> FakeDocument:
-        value = params.get("document")
+    def _store(
+        self, kind: str, data: bytes, declared_size: int | None = None, **fields: Any
+    ) -> FakeFile:
+        """Add a file to the store (``data`` is kept, not copied)."""
+        if declared_size is not None and declared_size < len(data):
+            raise ValueError(f"declared_size {declared_size} is below the {len(data)} bytes given")
+        number = next(self._file_ids)
+        stored = FakeFile(
+            kind=kind,
+            file_id=f"{FILE_KINDS[kind].id_prefix}{number:06d}",
+            file_unique_id=f"AgAD{number:06d}",
+            data=data,
+            size=len(data) if declared_size is None else declared_size,
+            **fields,
+        )
+        self._files[stored.file_id] = stored
+        return stored
+
+    def _store_photo(self, data: bytes, image: Image.Image, file_name: str) -> list[FakeFile]:
+        """The sizes of a photo, smallest first: JPEG thumbnails, then ``data`` itself."""
+        width, height = image.size
+        photo: list[FakeFile] = []
+        for box in PHOTO_THUMBS:
+            if max(width, height) > box:
+                thumb, w, h = _jpeg_thumbnail(image, box)
+                photo.append(self._store("photo", thumb, width=w, height=h))
+        photo.append(self._store("photo", data, width=width, height=height, file_name=file_name))
+        for size in photo:
+            self._photos[size.file_id] = photo
+        return photo
+
+    def _upload_from(self, params: JSONDict, kind: str) -> UploadedFile | FakeFile:
+        """The new upload, or the stored file a file_id names, in the ``kind`` parameter."""
+        value = params.get(kind)
         if isinstance(value, str) and value.startswith("attach://"):
             value = params.get(value.removeprefix("attach://"))
         if isinstance(value, str):
             known = self._files.get(value)
             if known is None:
                 raise bad_request("wrong file identifier/HTTP URL specified")
+            if known.kind != kind:
+                have, want = FILE_KINDS[known.kind].title, FILE_KINDS[kind].title
+                raise bad_request(f"can't use file of type {have} as {want}")
             return known
         if not isinstance(value, UploadedFile):
-            raise bad_request("there is no document in the request")
+            raise bad_request(f"there is no {kind} in the request")
         if not value.data:
             raise bad_request("file must be non-empty")
         if len(value.data) > MAX_UPLOAD:
-            raise ApiError(413, "Request Entity Too Large")
-        number = next(self._file_ids)
-        document = FakeDocument(
-            file_id=f"BQACAgIAAxkDAAI{number:06d}",
-            file_unique_id=f"AgAD{number:06d}",
-            file_name=value.filename or "document",
-            mime_type=value.content_type or "application/octet-stream",
-            data=value.data,
+            raise ApiError(413, TOO_LARGE)
+        return value
+
+    def _document_from(self, params: JSONDict) -> FakeFile:
+        upload = self._upload_from(params, "document")
+        if isinstance(upload, FakeFile):
+            return upload
+        return self._store(
+            "document",
+            upload.data,
+            file_name=upload.filename or "document",
+            mime_type=upload.content_type or "application/octet-stream",
         )
-        self._files[document.file_id] = document
-        return document
+
+    def _photo_from(self, params: JSONDict) -> list[FakeFile]:
+        upload = self._upload_from(params, "photo")
+        if isinstance(upload, FakeFile):
+            return self._photos[upload.file_id]
+        if len(upload.data) > MAX_PHOTO:
+            raise bad_request(
+                f"file of size {len(upload.data)} bytes is too big for a photo; "
+                f"the maximum size is {MAX_PHOTO} bytes"
+            )
+        image = _open_image(upload.data)
+        return self._store_photo(upload.data, image, upload.filename or "photo")
 
     async def _send_document(self, params: JSONDict) -> JSONDict:
         chat_id = self._chat_id(params)
         self._check_hold(chat_id, "sendDocument")
-        document = self._document_from(params)
+        return self._send_media(
+            chat_id, params, "sendDocument", document=self._document_from(params)
+        )
+
+    async def _send_photo(self, params: JSONDict) -> JSONDict:
+        chat_id = self._chat_id(params)
+        self._check_hold(chat_id, "sendPhoto")
+        return self._send_media(chat_id, params, "sendPhoto", photo=self._photo_from(params))
+
+    def _send_media(self, chat_id: int, params: JSONDict, method: str, **media: Any) -> JSONDict:
         caption = str(params.get("caption") or "")
         visible, entities = parse_text(
             caption, params.get("parse_mode"), params.get("caption_entities")
@@ -1640,7 +1962,7 @@ class FakeTelegram:
             raise bad_request("message caption is too long")
         markup = check_markup(params.get("reply_markup"), inline_only=False)
         self._placement(chat_id, params)
-        self._count(chat_id, "sendDocument", "send", self.send_interval)
+        self._count(chat_id, method, "send", self.send_interval)
         message = self._bot_message(
             chat_id,
             params,
@@ -1649,20 +1971,30 @@ class FakeTelegram:
             parse_mode=params.get("parse_mode"),
             entities=entities,
             reply_markup=markup,
-            document=document,
+            **media,
         )
         return self._message_json(message)
 
     async def _get_file(self, params: JSONDict) -> JSONDict:
-        document = self._files.get(str(params.get("file_id") or ""))
-        if document is None:
+        stored = self._files.get(str(params.get("file_id") or ""))
+        if stored is None:
             raise bad_request("invalid file_id")
+        if stored.size > MAX_DOWNLOAD:
+            raise bad_request("file is too big")
+        if stored.file_path is None:
+            stored.file_path = self._file_path(stored)
+            self._paths[stored.file_path] = stored
         return {
-            "file_id": document.file_id,
-            "file_unique_id": document.file_unique_id,
-            "file_size": len(document.data),
-            "file_path": f"documents/{document.file_id}_{document.file_name}",
+            "file_id": stored.file_id,
+            "file_unique_id": stored.file_unique_id,
+            "file_size": stored.size,
+            "file_path": stored.file_path,
         }
+
+    def _file_path(self, stored: FakeFile) -> str:
+        kind = FILE_KINDS[stored.kind]
+        suffix = PurePosixPath(stored.file_name).suffix if kind.named else ""
+        return f"{kind.folder}/file_{next(self._path_ids)}{suffix or kind.extension}"
 
     @staticmethod
     def _commands_key(params: JSONDict) -> str:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import struct
 import time
+import zlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
@@ -15,7 +20,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond, AsyncSay
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from .slack_server import BOT_USER_ID, FakeSlackServer
+from .slack_server import BOT_USER_ID, DEFAULT_SCOPES, FakeSlackServer
 
 SECRET = "s"
 
@@ -328,3 +333,255 @@ async def test_http_mode(fake: FakeSlackServer, http_bot: tuple[str, list[dict[s
 async def test_wait_for_times_out_with_dump(fake: FakeSlackServer) -> None:
     with pytest.raises(AssertionError, match="last calls"):
         await fake.wait_for(lambda: False, timeout=0.1)
+
+
+# ---------------------------------------------------------------------- files
+
+
+def tiny_png(width: int = 2, height: int = 2) -> bytes:
+    """A valid RGB PNG built with the standard library."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    rows = b"".join(b"\x00" + os.urandom(3 * width) for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+async def fetch(url: str, token: str | None = None) -> tuple[int, str, bytes, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as resp:
+        return resp.status, resp.content_type, await resp.read(), resp.headers
+
+
+async def test_shared_file_is_served_only_with_the_bot_token(fake: FakeSlackServer) -> None:
+    png = tiny_png()
+    obj = fake.add_file(png, name="pixel.png", mimetype="image/png", user="U1")
+    file_id = obj["id"]
+    assert file_id.startswith("F") and obj["size"] == len(png) and obj["filetype"] == "png"
+    assert obj["mode"] == "hosted" and obj["is_external"] is False and obj["user"] == "U1"
+    assert obj["url_private"] == f"{fake.url}/files-pri/T1-{file_id}/pixel.png"
+    assert obj["url_private_download"] == f"{fake.url}/files-pri/T1-{file_id}/download/pixel.png"
+
+    event = fake.message_event("D1", "U1", "", files=[obj])
+    assert event["subtype"] == "file_share" and event["files"] == [obj] and event["text"] == ""
+    assert "blocks" not in event and event["channel_type"] == "im"
+    with_text = fake.message_event("C1", "U1", "look", files=[obj], mention=True)
+    assert with_text["type"] == "app_mention" and "subtype" not in with_text
+    assert with_text["files"] == [obj] and with_text["blocks"][0]["type"] == "rich_text"
+    stored = fake.message("D1", event["ts"])
+    assert stored is not None and stored.files == [obj]
+
+    for url in (obj["url_private"], obj["url_private_download"]):
+        status, ctype, body, headers = await fetch(url, "xoxb-test")
+        assert (status, ctype, body) == (200, "image/png", png)
+        assert headers["Content-Length"] == str(len(png))
+    assert fake.downloads(file_id) == 2
+
+    # Without the header, with a wrong token or an app token: Slack's sign-in page, HTTP 200.
+    for token in (None, "xoxb-wrong", "xapp-test"):
+        status, ctype, body, _ = await fetch(obj["url_private_download"], token)
+        assert (status, ctype) == (200, "text/html") and b"Sign in" in body
+    fake.scopes.discard("files:read")
+    status, ctype, _, _ = await fetch(obj["url_private_download"], "xoxb-test")
+    assert (status, ctype) == (200, "text/html")
+    assert fake.downloads(file_id) == 2 and fake.refused_downloads == [file_id] * 4
+
+    missing = f"{fake.url}/files-pri/T1-F404/download/pixel.png"
+    assert (await fetch(missing, "xoxb-test"))[0] == 404
+    wrong_name = obj["url_private"].replace("pixel.png", "other.png")
+    assert (await fetch(wrong_name, "xoxb-test"))[0] == 404
+
+    # A test may claim a big file without allocating it.
+    big = fake.add_file(b"x", name="huge.mp4", mimetype="video/mp4", declared_size=50_000_000)
+    assert big["size"] == 50_000_000 and big["filetype"] == "mp4"
+
+
+async def test_files_upload_v2_lands_once_in_the_thread(
+    fake: FakeSlackServer, tmp_path: Path
+) -> None:
+    client = web_client(fake)
+    root = (await client.chat_postMessage(channel="C1", text="root"))["ts"]
+    data = os.urandom(4096)
+    resp = await client.files_upload_v2(
+        channel="C1", thread_ts=root, file=data, filename="blob.bin", initial_comment="here"
+    )
+    file_id = resp["file"]["id"]
+    assert resp["files"] == [{"id": file_id, "title": "blob.bin"}]
+    [upload] = fake.uploads("C1", root)
+    assert (upload.id, upload.name, upload.title, upload.data) == (
+        file_id,
+        "blob.bin",
+        "blob.bin",
+        data,
+    )
+    assert upload.initial_comment == "here" and upload.filetype == "binary"
+    file_messages = [m for m in fake.channel("C1") if m.files]
+    assert len(file_messages) == 1
+    msg = file_messages[0]
+    assert msg.bot and msg.text == "here" and msg.thread_ts == root and msg.is_reply
+    assert msg.files is not None and msg.files[0]["id"] == file_id
+    assert upload.shares == [msg]
+
+    png = tiny_png()
+    path = tmp_path / "pixel.png"
+    path.write_bytes(png)
+    second = await client.files_upload_v2(
+        channel="C1", thread_ts=root, file=str(path), title="A pixel"
+    )
+    assert second["files"][0]["title"] == "A pixel"
+    uploads = fake.uploads("C1", root)
+    assert [u.name for u in uploads] == ["blob.bin", "pixel.png"]
+    assert uploads[1].mimetype == "image/png" and uploads[1].initial_comment is None
+    assert fake.bot_texts("C1", root) == ["root", "here", ""]
+    assert fake.uploads("C2") == [] and len(fake.uploads("C1")) == 2
+
+    status, ctype, body, _ = await fetch(uploads[1].url_private, "xoxb-test")
+    assert (status, ctype, body) == (200, "image/png", png)
+    info = await client.files_info(file=second["file"]["id"])
+    assert info["file"]["size"] == len(png) and info["file"]["channels"] == ["C1"]
+    assert info["file"]["shares"]["public"]["C1"][0]["thread_ts"] == root
+    replies = await client.conversations_replies(channel="C1", ts=root)
+    assert replies["messages"][1]["files"][0]["id"] == file_id
+
+    # Into a channel without a thread, and private (no channel): no message.
+    await client.files_upload_v2(channel="C2", content="text", filename="notes.txt")
+    [note] = fake.uploads("C2")
+    assert note.data == b"text" and note.filetype == "text" and note.shares[0].thread_ts is None
+    await client.files_upload_v2(content="secret", filename="private.txt")
+    assert sum(1 for m in fake.channel("C1") + fake.channel("C2") if m.files) == 3
+
+
+async def test_upload_needs_files_write(fake: FakeSlackServer) -> None:
+    fake.scopes.discard("files:write")
+    client = web_client(fake)
+    with pytest.raises(SlackApiError) as err:
+        await client.files_upload_v2(channel="C1", content="hi", filename="a.txt")
+    assert err.value.response["error"] == "missing_scope"
+    assert err.value.response["needed"] == "files:write"
+    provided = err.value.response["provided"].split(",")
+    assert "files:write" not in provided and "files:read" in provided
+    assert err.value.response.headers["x-accepted-oauth-scopes"] == "files:write"
+    assert "files:write" not in err.value.response.headers["x-oauth-scopes"].split(",")
+    assert not fake.files and not fake.uploads("C1")
+    assert fake.calls_to("files.getUploadURLExternal")[0].error == "missing_scope"
+
+    fake.scopes.discard("files:read")
+    with pytest.raises(SlackApiError) as info:
+        await client.files_info(file="F1")
+    assert info.value.response["needed"] == "files:read"
+
+
+async def test_upload_length_and_completion_rules(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    ticket = await client.files_getUploadURLExternal(filename="a.bin", length=10)
+    file_id, upload_url = ticket["file_id"], ticket["upload_url"]
+    assert upload_url.startswith(f"{fake.url}/upload/v1/")
+    data = os.urandom(10)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(upload_url, data=data[:5]) as short:
+            assert short.status == 400
+        with pytest.raises(SlackApiError) as incomplete:
+            await client.files_completeUploadExternal(
+                files=[{"id": file_id, "title": "a"}], channel_id="C1"
+            )
+        assert incomplete.value.response["error"] == "file_not_found"
+        async with session.post(upload_url, data=data + b"!") as long:
+            assert long.status == 400
+        async with session.post(upload_url, data=data) as ok:
+            assert ok.status == 200 and await ok.text() == "OK - 10"
+
+        done = await client.files_completeUploadExternal(
+            files=[{"id": file_id, "title": "a"}], channel_id="C1"
+        )
+        assert done["files"] == [{"id": file_id, "title": "a"}]
+        with pytest.raises(SlackApiError) as twice:
+            await client.files_completeUploadExternal(files=[{"id": file_id}], channel_id="C1")
+        assert twice.value.response["error"] == "file_not_found"
+        async with session.post(upload_url, data=data) as spent:
+            assert spent.status == 404
+    [upload] = fake.uploads("C1")
+    assert upload.data == data and upload.title == "a" and len(fake.channel("C1")) == 1
+
+    # A multipart form (curl -F file=@...) works as well as raw bytes.
+    form_ticket = await client.files_getUploadURLExternal(filename="b.txt", length=3)
+    form = aiohttp.FormData()
+    form.add_field("file", b"abc", filename="b.txt")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(form_ticket["upload_url"], data=form) as resp,
+    ):
+        assert resp.status == 200
+
+    async def error_of(method: str, **params: Any) -> str:
+        with pytest.raises(SlackApiError) as e:
+            await client.api_call(method, params=params)
+        return str(e.value.response["error"])
+
+    get_url = "files.getUploadURLExternal"
+    assert await error_of(get_url, filename="x", length=-1) == "invalid_arguments"
+    assert await error_of(get_url, filename="x", length="1.5") == "invalid_arguments"
+    assert await error_of(get_url, filename="x") == "invalid_arguments"
+    assert await error_of(get_url, length=4) == "invalid_arguments"
+    assert await error_of(get_url, filename="x", length=0) == "missing_argument"
+    assert await error_of(get_url, filename="x", length=1, alt_txt="a" * 1001) == (
+        "alt_txt_too_large"
+    )
+    complete = "files.completeUploadExternal"
+    assert await error_of(complete, files='[{"id": "F404"}]') == "file_not_found"
+    assert await error_of(complete, files="not json") == "invalid_arguments"
+    assert await error_of(complete, files="[]") == "invalid_arguments"
+    pending = json.dumps([{"id": form_ticket["file_id"]}])
+    assert await error_of(complete, files=pending, channel_id="") == "invalid_channel"
+    assert await error_of("files.info", file="F404") == "file_not_found"
+    assert await error_of("files.info", file=form_ticket["file_id"]) == "file_not_found"
+
+
+async def test_a_refused_upload_post_fails_files_upload_v2(fake: FakeSlackServer) -> None:
+    # files_upload_v2's step 2 (slack-sdk's _upload_file) reads the refusal as text; on a
+    # status other than 200 files_upload_v2 raises SlackRequestError and never completes.
+    client = web_client(fake)
+    ticket = await client.files_getUploadURLExternal(filename="a.bin", length=3)
+    result = await client._upload_file(
+        url=ticket["upload_url"],
+        data=b"four",
+        logger=client._logger,
+        timeout=5,
+        proxy=None,
+        ssl=None,
+    )
+    assert result.status == 400 and "expected 3 bytes, got 4" in str(result.body)
+    assert not fake.uploads("C1") and fake.file(ticket["file_id"]) is not None
+
+
+async def test_large_upload(fake: FakeSlackServer) -> None:
+    data = os.urandom(60 * 1024 * 1024)
+    # aiohttp (under slack-sdk) warns about any raw-bytes body over 1 MiB; the fake takes it.
+    with pytest.warns(ResourceWarning, match="large body"):
+        resp = await web_client(fake).files_upload_v2(channel="C1", file=data, filename="big.bin")
+    [upload] = fake.uploads("C1")
+    assert upload.id == resp["file"]["id"] and upload.size == len(data) and upload.data == data
+
+
+async def test_oauth_scopes_header(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    auth = await client.auth_test()
+    assert auth.headers["x-oauth-scopes"] == ",".join(sorted(DEFAULT_SCOPES))
+    assert "x-accepted-oauth-scopes" not in auth.headers
+    posted = await client.chat_postMessage(channel="C1", text="hi")
+    assert "files:write" in posted.headers["X-OAuth-Scopes"].split(",")
+    fake.scopes = {"chat:write"}
+    assert (await client.auth_test()).headers["x-oauth-scopes"] == "chat:write"
+    with pytest.raises(SlackApiError) as bad:
+        await web_client(fake, "xoxb-wrong").auth_test()
+    assert "x-oauth-scopes" not in bad.value.response.headers
+    opened = await client.apps_connections_open(app_token="xapp-test")
+    assert opened.headers["x-oauth-scopes"] == "connections:write"
+    assert FakeSlackServer(scopes=["chat:write"]).scopes == {"chat:write"}

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
+import wave
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReactionTypeEmoji, Update
+from PIL import Image
+from telegram import (
+    Bot,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    ReactionTypeEmoji,
+    Update,
+)
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, Conflict, EndPointNotFound, InvalidToken, RetryAfter
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    EndPointNotFound,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+)
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -24,7 +42,17 @@ from telegram.ext import (
     filters,
 )
 
-from tests.fakes.telegram_server import ApiError, FakeTelegram, html_to_text, parse_text
+from tests.fakes.telegram_server import (
+    MAX_DOWNLOAD,
+    MAX_PHOTO,
+    MAX_REQUEST,
+    MAX_UPLOAD,
+    TOO_LARGE,
+    ApiError,
+    FakeTelegram,
+    html_to_text,
+    parse_text,
+)
 
 CHAT = 42
 USER = 42
@@ -520,3 +548,218 @@ async def test_wait_for_times_out_with_a_dump(tg: FakeTelegram) -> None:
     with pytest.raises(AssertionError, match="unconfirmed updates") as caught:
         await tg.wait_for(lambda: False, timeout=0.1)
     assert "nobody answers" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- media
+
+
+def png(width: int, height: int, mode: str = "RGB") -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, (width, height), 1 if mode == "1" else (30, 120, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+def wav(seconds: float = 0.25) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(8000)
+        writer.writeframes(bytes(int(8000 * seconds) * 2))
+    return out.getvalue()
+
+
+def tail(file_path: str | None) -> str:
+    """The part of a file URL PTB built that the fake's getFile gave as ``file_path``."""
+    assert file_path is not None
+    return "/".join(file_path.split("/")[-2:])
+
+
+async def fetched(bot: Bot) -> list[Message]:
+    messages = [u.message for u in await bot.get_updates(timeout=0)]
+    assert all(m is not None for m in messages)
+    return [m for m in messages if m is not None]
+
+
+async def test_inbound_photo_sizes_and_downloads(tg: FakeTelegram, tmp_path: Path) -> None:
+    data = png(1000, 600)
+    tg.push_photo(CHAT, USER, data, caption="see https://x.y")
+    async with make_bot(tg) as bot:
+        (message,) = await fetched(bot)
+        sizes = [(p.width, p.height) for p in message.photo]
+        assert sizes == [(90, 54), (320, 192), (800, 480), (1000, 600)]
+        assert message.photo[-1].file_size == len(data) and message.text is None
+        assert message.caption == "see https://x.y"
+        assert [e.type for e in message.caption_entities] == ["url"]
+        largest = await bot.get_file(message.photo[-1].file_id)
+        assert tail(largest.file_path) == "photos/file_0.jpg" and largest.file_size == len(data)
+        path = await largest.download_to_drive(tmp_path / "photo.png")
+        assert path.read_bytes() == data
+        thumb = await bot.get_file(message.photo[0].file_id)
+        small = Image.open(io.BytesIO(bytes(await thumb.download_as_bytearray())))
+        assert (small.format, small.size) == ("JPEG", (90, 54))
+    assert tg.downloads(message.photo[-1].file_id) == 1
+    assert tg.downloads(message.photo[1].file_id) == 0
+    assert tg.chat(CHAT)[0].photo[-1].data is data  # kept, not copied
+    with pytest.raises(ValueError, match="IMAGE_PROCESS_FAILED"):
+        tg.push_photo(CHAT, USER, b"not an image")
+    with pytest.raises(TypeError, match="thred_id"):
+        tg.push_message(CHAT, USER, "typo", thred_id=3)  # type: ignore[call-arg]
+
+
+async def test_inbound_voice_audio_video_note_document(tg: FakeTelegram) -> None:
+    sound, clip, sheet = wav(), b"\x00\x00\x00\x18ftypmp42" + bytes(64), b"a,b\n1,2\n"
+    tg.push_voice(CHAT, USER, sound, duration=1, caption="hear this")
+    tg.push_audio(CHAT, USER, sound, duration=2)
+    tg.push_video_note(CHAT, USER, clip, duration=4)
+    tg.push_document(
+        GROUP,
+        USER,
+        sheet,
+        file_name="t.csv",
+        mime_type="text/csv",
+        thread_id=7,
+        chat_type="supergroup",
+    )
+    async with make_bot(tg) as bot:
+        voice, audio, note, document = await fetched(bot)
+        assert voice.voice is not None and voice.caption == "hear this"
+        assert (voice.voice.duration, voice.voice.mime_type) == (1, "audio/ogg")
+        assert audio.audio is not None and audio.audio.duration == 2
+        assert (audio.audio.file_name, audio.audio.mime_type) == ("song.mp3", "audio/mpeg")
+        assert note.video_note is not None and note.caption is None
+        assert (note.video_note.length, note.video_note.duration) == (240, 4)
+        assert document.document is not None and document.document.file_name == "t.csv"
+        assert document.is_topic_message and document.message_thread_id == 7
+        expected = [
+            (voice.voice, sound, "voice/file_0.oga"),
+            (audio.audio, sound, "music/file_1.mp3"),
+            (note.video_note, clip, "video_notes/file_2.mp4"),
+            (document.document, sheet, "documents/file_3.csv"),
+        ]
+        for media, data, file_path in expected:
+            assert media.file_size == len(data)
+            file = await bot.get_file(media.file_id)
+            assert tail(file.file_path) == file_path
+            assert bytes(await file.download_as_bytearray()) == data
+    assert [m.media.kind for m in tg.chat(CHAT) if m.media] == ["voice", "audio", "video_note"]
+    assert tg.chat(GROUP)[0].document is not None
+
+
+async def test_get_file_size_limit_and_streamed_download(tg: FakeTelegram, tmp_path: Path) -> None:
+    fifteen = bytes(range(256)) * (15 * 4096)  # 15 MB, real bytes
+    thirty = bytes(30 * 1024 * 1024)
+    pdf, octets = "application/pdf", "application/octet-stream"
+    tg.push_document(CHAT, USER, b"%PDF", file_name="a.pdf", mime_type=pdf, declared_size=21 << 20)
+    tg.push_voice(CHAT, USER, b"OggS", declared_size=25 << 20)
+    tg.push_document(CHAT, USER, b"%PDF", file_name="b.pdf", mime_type=pdf, declared_size=20 << 20)
+    tg.push_document(CHAT, USER, thirty, file_name="30.bin", mime_type=octets)
+    tg.push_document(CHAT, USER, fifteen, file_name="15.bin", mime_type=octets)
+    async with make_bot(tg) as bot:
+        big, voice, edge, huge, fine = await fetched(bot)
+        assert big.document is not None and big.document.file_size == 21 << 20
+        for media in (big.document, voice.voice, huge.document):
+            assert media is not None
+            with pytest.raises(BadRequest, match="^File is too big$"):
+                await bot.get_file(media.file_id)
+        assert edge.document is not None
+        assert (await bot.get_file(edge.document.file_id)).file_size == MAX_DOWNLOAD
+        with pytest.raises(BadRequest, match="^Invalid file_id$"):
+            await bot.get_file("BQACAgIAAxkDAAI999999")
+        assert fine.document is not None
+        file = await bot.get_file(fine.document.file_id)
+        assert (await file.download_to_drive(tmp_path / "15.bin")).read_bytes() == fifteen
+    assert file.file_path is not None
+    async with aiohttp.ClientSession() as http:
+        async with http.get(file.file_path) as response:
+            assert response.content_length == len(fifteen)
+            chunks = [chunk async for chunk in response.content.iter_chunked(1 << 20)]
+        assert len(chunks) > 1 and b"".join(chunks) == fifteen
+        async with http.get(f"{tg.url}/file/bot{tg.token}/documents/file_99.bin") as response:
+            assert response.status == 404
+        async with http.get(file.file_path.replace(tg.token, "123:WRONG")) as response:
+            assert response.status == 401
+    assert tg.downloads(fine.document.file_id) == 2
+    assert [call.status for call in tg.calls_to("getFile")] == [400, 400, 400, 200, 400, 200]
+    assert tg.calls_to("getFile")[0].description == "Bad Request: file is too big"
+    with pytest.raises(ValueError, match="declared_size"):
+        tg.push_voice(CHAT, USER, b"OggS" * 4, declared_size=8)
+
+
+async def test_send_photo(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    chart = png(800, 400)
+    async with make_bot(tg) as bot:
+        sent = await bot.send_photo(
+            CHAT, chart, caption="<b>Chart</b>", parse_mode=ParseMode.HTML, filename="chart.png"
+        )
+        assert sent.caption == "Chart" and sent.caption_entities[0].type == "bold"
+        assert [(p.width, p.height) for p in sent.photo] == [(90, 45), (320, 160), (800, 400)]
+        assert sent.photo[-1].file_size == len(chart)
+        again = await bot.send_photo(CHAT, sent.photo[0].file_id, reply_to_message_id=1)
+        assert [p.file_id for p in again.photo] == [p.file_id for p in sent.photo]
+        assert again.reply_to_message is not None and again.caption is None
+        file = await bot.get_file(sent.photo[-1].file_id)
+        assert tail(file.file_path) == "photos/file_0.jpg"
+        assert bytes(await file.download_as_bytearray()) == chart
+        with pytest.raises(BadRequest, match="(?i)^can't use file of type photo as document$"):
+            await bot.send_document(CHAT, sent.photo[-1].file_id)
+        await bot.send_document(CHAT, b"x" * 10, filename="notes.txt", caption="notes")
+        with pytest.raises(BadRequest, match="There is no text in the message to edit"):
+            await bot.edit_message_text("x", CHAT, sent.message_id)
+    uploads = tg.uploads(CHAT)
+    assert [(u.kind, u.file_name, u.caption) for u in uploads] == [
+        ("photo", "chart.png", "Chart"),
+        ("photo", "chart.png", ""),
+        ("document", "notes.txt", "notes"),
+    ]
+    assert uploads[0].data == chart and uploads[2].data == b"x" * 10
+    assert tg.chat(CHAT)[1].reply_to_message_id == 1
+    assert "#1 bot: [photo] 'Chart'" in tg.dump()
+
+
+async def test_send_photo_refusals(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    noise = io.BytesIO()
+    Image.effect_noise((300, 300), 64).save(noise, "PNG")
+    refused = [
+        (png(2100, 100), "PHOTO_INVALID_DIMENSIONS"),  # ratio 21
+        (png(9000, 1001, "1"), "PHOTO_INVALID_DIMENSIONS"),  # width + height 10001
+        (b"definitely not an image", "IMAGE_PROCESS_FAILED"),
+        (noise.getvalue()[:400], "IMAGE_PROCESS_FAILED"),  # a header, then cut off
+        (
+            bytes(MAX_PHOTO + 1),
+            f"file of size {MAX_PHOTO + 1} bytes is too big for a photo; "
+            f"the maximum size is {MAX_PHOTO} bytes",
+        ),
+    ]
+    async with make_bot(tg) as bot:
+        for data, error in refused:
+            with pytest.raises(BadRequest) as caught:
+                await bot.send_photo(CHAT, data)
+            assert caught.value.message == error.capitalize()
+        await bot.send_photo(CHAT, png(2000, 100))  # ratio 20 is allowed
+        await bot.send_photo(CHAT, png(9000, 1000, "1"))  # so is 10000 in total
+        with pytest.raises(BadRequest, match="^File must be non-empty$"):
+            await bot.send_photo(CHAT, b"")
+    descriptions = [call.description for call in tg.calls_to("sendPhoto")]
+    assert descriptions == [f"Bad Request: {e}" for _, e in refused] + [
+        None,
+        None,
+        "Bad Request: file must be non-empty",
+    ]
+    assert [u.data for u in tg.uploads(CHAT)] == [png(2000, 100), png(9000, 1000, "1")]
+
+
+async def test_send_document_size_limits(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        sent = await bot.send_document(CHAT, bytes(MAX_UPLOAD), filename="edge.bin")
+        assert sent.document is not None and sent.document.file_size == MAX_UPLOAD
+        for size in (MAX_UPLOAD + 1, MAX_REQUEST + 1):  # the second is refused mid-body
+            with pytest.raises(NetworkError) as caught:
+                await bot.send_document(CHAT, bytes(size), filename="big.bin")
+            assert type(caught.value) is NetworkError and caught.value.message == TOO_LARGE
+    calls = tg.calls_to("sendDocument")
+    assert [(c.status, c.description) for c in calls] == [(200, None)] + [(413, TOO_LARGE)] * 2
+    assert [u.file_name for u in tg.uploads(CHAT)] == ["edge.bin"]

@@ -1,0 +1,71 @@
+"""What the model can take in besides text: voice notes (transcribed by any litellm
+transcription model) and, where the model supports them, pictures and PDFs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from bot.config import LLMConfig, MediaConfig
+from bot.errors import ModelError
+from bot.llm.loading import load
+
+log = logging.getLogger(__name__)
+
+
+class Senses:
+    def __init__(self, llm: LLMConfig, media: MediaConfig) -> None:
+        self.llm = llm
+        self.media = media
+        self._known: dict[str, bool] = {}
+
+    @property
+    def transcribes(self) -> bool:
+        return bool(self.media.transcription.model)
+
+    async def transcribe(self, path: Path) -> str:
+        """The words of the recording at `path`; ModelError with a plain reason."""
+        settings = self.media.transcription
+        if not settings.model:
+            raise ModelError("no transcription model is configured (media.transcription.model)")
+        litellm = await load()
+        try:
+            with path.open("rb") as audio:
+                result = await asyncio.wait_for(litellm.atranscription(
+                    model=settings.model, file=audio,
+                    api_base=settings.api_base or self.llm.api_base,
+                    api_key=settings.api_key or self.llm.api_key), settings.timeout_s)
+        except TimeoutError:
+            raise ModelError(f"the transcription took longer than {settings.timeout_s:g} s") \
+                from None
+        except Exception as exc:  # litellm raises many kinds; each is a failed transcription
+            log.warning("transcription with %s failed: %s", settings.model, exc)
+            raise ModelError(f"the transcription model {settings.model} failed "
+                             f"({type(exc).__name__})") from None
+        text = str(getattr(result, "text", "") or "").strip()
+        if not text:
+            raise ModelError("the recording has no words the transcription model could hear")
+        return text
+
+    async def vision(self) -> bool:
+        """The model sees pictures: `media.vision`, else what litellm knows of it."""
+        if self.media.vision is not None:
+            return self.media.vision
+        return await self._supports("supports_vision")
+
+    async def pdf(self) -> bool:
+        """The model reads PDFs: `media.pdf`, else what litellm knows of it."""
+        if self.media.pdf is not None:
+            return self.media.pdf
+        return await self._supports("supports_pdf_input")
+
+    async def _supports(self, check: str) -> bool:
+        if check not in self._known:
+            litellm = await load()
+            try:
+                found = await asyncio.to_thread(getattr(litellm, check), self.llm.model)
+            except Exception:  # an unknown model: litellm cannot say, so it cannot
+                found = False
+            self._known[check] = bool(found)
+        return self._known[check]
