@@ -20,7 +20,7 @@ from typing import Any
 
 from bot.config import McpServerConfig
 from bot.errors import ToolError
-from bot.mcp.tools import build_tools, result_text
+from bot.mcp.tools import Keep, build_tools, result_text
 from bot.tools import Tool
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class Connection:
 
     # -- calls --------------------------------------------------------------------------
 
-    async def call(self, tool: str, args: dict[str, Any]) -> str:
+    async def call(self, tool: str, args: dict[str, Any], keep: Keep | None = None) -> str:
         session = self._session
         if session is None or self.state != "connected":
             why = f": {self.error}" if self.error else ""
@@ -194,7 +194,7 @@ class Connection:
             self._gone(_describe(exc))
             raise ToolError(f"the MCP server `{self.name}` went away during `{tool}`; "
                             "Tandem reconnects to it") from None
-        return result_text(self.name, result)
+        return result_text(self.name, result, keep)
 
     def _gone(self, why: str) -> None:
         """The session is dead: calls fail at once until the connection is back."""

@@ -23,14 +23,18 @@ from typing import Any
 
 from bot.config import McpServerConfig
 from bot.errors import ToolError
+from bot.mcp.media import Kept
 from bot.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)
 
 MAX_NAME = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-Call = Callable[[str, dict[str, Any]], Awaitable[str]]
-"""(the server's tool name, arguments) -> the result text, or ToolError."""
+Keep = Callable[[str, str, bytes], str]
+"""(kind, mime type, bytes) of a part that is not text -> where it was kept."""
+Call = Callable[[str, dict[str, Any], Keep | None], Awaitable[str]]
+"""(the server's tool name, arguments, where other parts go) -> the result text, or
+ToolError."""
 
 
 def tool_name(server: str, tool: str, taken: set[str]) -> str:
@@ -150,8 +154,10 @@ def _tool(server: str, config: McpServerConfig, original: str, name: str, spec: 
     said = hints(spec.annotations)
     description = (spec.description or "").strip() or f"The {original} tool of {server}."
 
-    async def run(_ctx: ToolContext, args: dict[str, Any]) -> str:
-        return await call(original, args)
+    async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
+        kept = Kept(ctx.workspace, server, original)
+        text = await call(original, args, kept)
+        return "\n".join([text, *await kept.show(ctx.extras.get("send_file"))])
 
     def render(args: dict[str, Any]) -> str:
         head = f"{server} › {original}" + (f"  (the server says: {said})" if said else "")
@@ -163,9 +169,10 @@ def _tool(server: str, config: McpServerConfig, original: str, name: str, spec: 
                 untrusted=True)
 
 
-def result_text(server: str, result: Any) -> str:
-    """A `CallToolResult` as text for the model; `isError` raises ToolError."""
-    parts = [_part(server, item) for item in result.content or []]
+def result_text(server: str, result: Any, keep: Keep | None = None) -> str:
+    """A `CallToolResult` as text for the model (other parts given to `keep`, else only
+    named); `isError` raises ToolError."""
+    parts = [_part(server, item, keep) for item in result.content or []]
     if not parts and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False))
     text = "\n".join(p for p in parts if p)
@@ -174,19 +181,30 @@ def result_text(server: str, result: Any) -> str:
     return text or "(no output)"
 
 
-def _part(server: str, item: Any) -> str:
+def _bytes(data: str | None) -> bytes:
+    try:
+        return base64.b64decode(data or "", validate=False)
+    except ValueError:
+        return b""
+
+
+def _part(server: str, item: Any, keep: Keep | None) -> str:
     kind = getattr(item, "type", "")
     if kind == "text":
         return str(item.text)
     if kind in {"image", "audio"}:
-        size = len(base64.b64decode(item.data, validate=False)) if item.data else 0
-        return f"[{kind} from {server}: {item.mime_type}, {size:,} bytes; not shown here]"
+        data = _bytes(item.data)
+        where = keep(kind, item.mime_type, data) if keep and data else "not shown here"
+        return f"[{kind} from {server}: {item.mime_type}, {len(data):,} bytes; {where}]"
     if kind == "resource":
         resource = item.resource
         text = getattr(resource, "text", None)
         if isinstance(text, str):
             return f"[resource {resource.uri}]\n{text}"
-        return f"[resource {resource.uri}: {resource.mime_type or 'binary'}; not shown here]"
+        data = _bytes(getattr(resource, "blob", None))
+        mime = resource.mime_type or "application/octet-stream"
+        where = keep("resource", mime, data) if keep and data else "not shown here"
+        return f"[resource {resource.uri}: {mime}, {len(data):,} bytes; {where}]"
     if kind == "resource_link":
         return f"[resource link {item.uri}: {item.name}]"
     return f"[{kind or 'unknown'} content from {server}; not shown here]"

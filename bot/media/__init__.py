@@ -86,6 +86,22 @@ class Media:
                                             f"in the workspace at {self.path}]"}
 
 
+def new_file(workspace: Path, folder: str, name: str) -> Path:
+    """A new, empty, private file `<workspace>/<folder>/<name>` (`name-2.ext`, `-3`... when
+    the name is taken: nothing is overwritten). OSError if the folder leads outside."""
+    from bot.file_modes import private_dir, private_file
+
+    where = private_dir(workspace / folder)
+    if workspace.resolve() not in where.resolve().parents:  # a link put in the way leads out
+        raise OSError(f"{folder} leads outside the workspace")
+    stem, dot, ext = name.rpartition(".") if "." in name[1:] else (name, "", "")
+    for n in range(1, 10_000):
+        candidate = where / (name if n == 1 else f"{stem}-{n}{dot}{ext}")
+        if private_file(candidate):
+            return candidate
+    raise OSError(f"too many files named {name} in {folder}")
+
+
 def media_to_json(media: tuple[Media, ...]) -> str | None:
     return json.dumps([asdict(m) for m in media], ensure_ascii=False) if media else None
 

@@ -23,9 +23,17 @@ from zoneinfo import ZoneInfo
 from bot.config import Config
 from bot.errors import ModelError
 from bot.events import Attachment, UserMessage
-from bot.file_modes import private_dir, private_file
 from bot.llm.senses import Senses
-from bot.media import IMAGE_TOKENS, MB, PDF_PAGE_TOKENS, FilePort, Media, TooLarge, size_text
+from bot.media import (
+    IMAGE_TOKENS,
+    MB,
+    PDF_PAGE_TOKENS,
+    FilePort,
+    Media,
+    TooLarge,
+    new_file,
+    size_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,17 +157,8 @@ class Receiver:
 
     def _new_path(self, name: str) -> Path:
         """A new, empty file `uploads/<date>/<name>` (`name-2`, `-3`... if it is taken)."""
-        zone = ZoneInfo(self.config.scheduler.timezone)
-        folder = private_dir(self.workspace / "uploads" / datetime.now(zone).strftime("%Y-%m-%d"))
-        root = self.workspace.resolve()
-        if root not in folder.resolve().parents:  # a link put in the way leads out
-            raise OSError("the uploads folder leads outside the workspace")
-        stem, dot, ext = name.rpartition(".") if "." in name[1:] else (name, "", "")
-        for n in range(1, 10_000):
-            candidate = folder / (name if n == 1 else f"{stem}-{n}{dot}{ext}")
-            if private_file(candidate):
-                return candidate
-        raise OSError(f"too many files named {name} today")
+        day = datetime.now(ZoneInfo(self.config.scheduler.timezone)).strftime("%Y-%m-%d")
+        return new_file(self.workspace, f"uploads/{day}", name)
 
     async def _hear(self, media: Media, got: Received) -> None:
         if not self.senses.transcribes:

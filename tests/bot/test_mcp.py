@@ -60,6 +60,15 @@ def test_results_become_text_and_is_error_an_error() -> None:
     ok = CallToolResult(content=[TextContent(type="text", text="hi"),
                                  ImageContent(type="image", data="AAAA", mime_type="image/png")])
     assert result_text("s", ok) == "hi\n[image from s: image/png, 3 bytes; not shown here]"
+    kept: list[tuple[str, str, bytes]] = []
+
+    def keep(kind: str, mime: str, data: bytes) -> str:
+        kept.append((kind, mime, data))
+        return "saved as there.png"
+
+    assert result_text("s", ok, keep) == \
+        "hi\n[image from s: image/png, 3 bytes; saved as there.png]"
+    assert kept == [("image", "image/png", b"\0\0\0")]
     with pytest.raises(ToolError, match="broken"):
         result_text("s", CallToolResult(content=[TextContent(type="text", text="broken")],
                                         is_error=True))
@@ -147,6 +156,28 @@ async def test_an_mcp_call_asks_runs_once_on_approve_and_its_result_taints(
         assert second.tool == "remember"
         assert second.reason == "Asked because this conversation has read content from " \
                                 "mcp_fake_echo."
+
+
+async def test_an_mcp_picture_is_kept_in_the_workspace_and_shown_in_the_chat(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    from tests.bot.test_media import MemoryPort
+
+    log = tmp_path / "mcp.log"
+    model.script(call("mcp_fake_image"), Reply(text="done"))
+    servers = {"fake": stdio_server(log, approvals={"image": "allow"})}
+    async with core_with(config_factory, servers) as core:
+        port = MemoryPort()
+        core.dispatch.ports["console"] = port
+        await core.say("draw")
+        await core.sink.ended()
+        workspace = Path(core.config.workspace.dir)
+    [picture] = results(model)
+    assert "[image from fake: image/png, " in picture and "saved as mcp/fake/image.png" in picture
+    assert picture.endswith("[image.png is shown in the chat]")
+    kept = (workspace / "mcp" / "fake" / "image.png").read_bytes()
+    assert kept.startswith(b"\x89PNG")
+    assert [(name, data, pic) for _, name, data, _, pic in port.uploads] == \
+        [("image.png", kept, True)]
 
 
 async def test_deny_always_and_errors_reach_the_model(
