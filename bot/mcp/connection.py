@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 1.0
 LAST_RETRY_S = 60.0
+SESSION_UNKNOWN = frozenset({"Session terminated", "Session not found"})
+"""How the SDK client (a bare 404) and a server (its JSON-RPC error) say that the server
+does not know the session: it restarted, and the request never ran there."""
 
 
 class Connection:
@@ -43,6 +46,8 @@ class Connection:
         self.connected_at: float | None = None
         self._session: Any = None
         self._broken = asyncio.Event()
+        self._up = asyncio.Event()
+        """Set while connected."""
         self._tried = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -70,15 +75,17 @@ class Connection:
         delay = FIRST_RETRY_S
         while not self._closing:
             self.state = "connecting" if self.connected_at is None else "reconnecting"
+            since = self.connected_at
             try:
                 await self._session_once()
-                delay = FIRST_RETRY_S
             except asyncio.CancelledError:
                 if self._closing:
                     raise
             except Exception as exc:  # the SDK raises many kinds; each is this server's
                 self.error = _describe(exc)
                 self._tried.set()
+                if self.connected_at != since:  # it was up this time: the backoff starts over
+                    delay = FIRST_RETRY_S
                 log.warning("mcp: %s is unavailable (%s); retrying in %.0f s", self.name,
                             self.error, delay)
             finally:
@@ -94,6 +101,7 @@ class Connection:
         from mcp import ClientSession
 
         self._broken.clear()
+        self._up.clear()
         async with AsyncExitStack() as stack:
             read, write = await stack.enter_async_context(await self._transport(stack))
             session = await stack.enter_async_context(
@@ -105,8 +113,10 @@ class Connection:
             self.state, self.error = "connected", None
             self.connected_at = time.time()
             self._tried.set()
+            self._up.set()
             log.info("mcp: %s connected, %d tools", self.name, self.tool_count)
             await self._broken.wait()
+            self._up.clear()
         if not self._closing:
             raise ConnectionError(self.error or "the session ended")
 
@@ -165,7 +175,10 @@ class Connection:
 
     # -- calls --------------------------------------------------------------------------
 
-    async def call(self, tool: str, args: dict[str, Any], keep: Keep | None = None) -> str:
+    async def call(self, tool: str, args: dict[str, Any], keep: Keep | None = None, *,
+                   again: bool = True) -> str:
+        """The tool's result as text. A session the server no longer knows (it restarted:
+        the request never ran) is opened again and the call made once more."""
         session = self._session
         if session is None or self.state != "connected":
             why = f": {self.error}" if self.error else ""
@@ -173,7 +186,7 @@ class Connection:
                             "keeps reconnecting, try again later")
         import anyio
         from mcp.shared.exceptions import MCPError
-        from mcp_types.jsonrpc import CONNECTION_CLOSED
+        from mcp_types.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST
 
         timeout = self.config.timeout_s
         try:
@@ -183,6 +196,12 @@ class Connection:
             raise ToolError(f"`{tool}` on the MCP server `{self.name}` did not answer "
                             f"within {timeout:g} s") from None
         except MCPError as exc:
+            if exc.code == INVALID_REQUEST and exc.error.message in SESSION_UNKNOWN:
+                self._gone("the server ended the session")
+                if again and await self._back(self.config.connect_timeout_s):
+                    return await self.call(tool, args, keep, again=False)
+                raise ToolError(f"the MCP server `{self.name}` ended the session before "
+                                f"`{tool}` ran; Tandem reconnects to it") from None
             if exc.code != CONNECTION_CLOSED:
                 raise ToolError(f"the MCP server `{self.name}` refused `{tool}`: "
                                 f"{exc.error.message}") from None
@@ -200,7 +219,16 @@ class Connection:
         """The session is dead: calls fail at once until the connection is back."""
         self.error = why
         self.state = "reconnecting"
+        self._up.clear()
         self._broken.set()
+
+    async def _back(self, within: float) -> bool:
+        """Wait (at most `within` seconds) for the connection to be up again."""
+        try:
+            await asyncio.wait_for(self._up.wait(), within)
+        except TimeoutError:
+            return False
+        return self.state == "connected"
 
     def status(self) -> str:
         tools = f", {self.tool_count} tools" if self.state == "connected" else ""

@@ -275,6 +275,35 @@ async def test_http_server_with_a_bearer_header_and_the_token_never_shows(
         assert token not in caplog.text
 
 
+async def test_a_restarted_http_server_is_reconnected_and_the_call_made_once(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    """The new server does not know the old session (HTTP 404, "Session terminated"):
+    the request never ran there, so Tandem opens a session again and makes the call."""
+    log = tmp_path / "mcp.log"
+    model.script(call("mcp_web_echo", text="one"), Reply(text="1"),
+                 call("mcp_web_echo", text="two"), Reply(text="2"))
+    first = http_server(log=log)
+    url = await first.__aenter__()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    servers = {"web": {"url": url, "approvals": {"echo": "allow"}, "timeout_s": 10}}
+    try:
+        async with core_with(config_factory, servers) as core:
+            await core.say("first")
+            await core.sink.ended(1)
+            assert results(model) == ["one"]
+            await first.__aexit__(None, None, None)  # the server stops...
+            async with http_server(log=log, port=port):  # ...and another starts there
+                await core.say("second")  # asks: an MCP result is in view
+                [card] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+                await core.hub.submit(Decision(core.key, core.user, card.approval_id,
+                                               Verdict.APPROVE))
+                await core.sink.ended(2)
+                assert results(model)[-1] == "two"
+    finally:
+        await first.__aexit__(None, None, None)
+    assert log.read_text().count("called echo") == 2
+
+
 async def test_a_server_that_cannot_start_is_a_status_line_not_a_failure(
         model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
     model.script(call("mcp_gone_echo"), Reply(text="no such tool"), Reply(text="hello"))

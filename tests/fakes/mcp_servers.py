@@ -293,9 +293,11 @@ def stdio_command() -> tuple[str, list[str]]:
 
 
 @asynccontextmanager
-async def http_server(token: str | None = None, *, log: Path | None = None) -> AsyncIterator[str]:
-    """Run the fake over streamable HTTP in a subprocess on a free port; yield its URL."""
-    args = ["-m", "tests.fakes.mcp_servers", "http", "--port", "0"]
+async def http_server(token: str | None = None, *, log: Path | None = None,
+                      port: int = 0) -> AsyncIterator[str]:
+    """Run the fake over streamable HTTP in a subprocess (on `port`, else a free one);
+    yield its URL."""
+    args = ["-m", "tests.fakes.mcp_servers", "http", "--port", str(port)]
     if token is not None:
         args += ["--token", token]
     env = dict(os.environ)
