@@ -14,6 +14,20 @@ from bot.llm.loading import load
 log = logging.getLogger(__name__)
 
 
+AUDIO_EXTENSIONS = frozenset({"flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav",
+                              "webm"})
+_BY_MIME = {"audio/ogg": "ogg", "audio/mpeg": "mp3", "audio/mp4": "m4a", "audio/x-m4a": "m4a",
+            "audio/wav": "wav", "audio/x-wav": "wav", "audio/webm": "webm", "audio/flac": "flac",
+            "video/mp4": "mp4", "video/webm": "webm"}
+
+
+def audio_name(name: str, mime: str) -> str:
+    """The name sent with a recording: transcription services go by its extension."""
+    if name.rpartition(".")[2].lower() in AUDIO_EXTENSIONS:
+        return name
+    return f"{name}.{_BY_MIME.get(mime.lower(), 'ogg')}"
+
+
 class Senses:
     def __init__(self, llm: LLMConfig, media: MediaConfig) -> None:
         self.llm = llm
@@ -24,18 +38,18 @@ class Senses:
     def transcribes(self) -> bool:
         return bool(self.media.transcription.model)
 
-    async def transcribe(self, path: Path) -> str:
+    async def transcribe(self, path: Path, mime: str = "") -> str:
         """The words of the recording at `path`; ModelError with a plain reason."""
         settings = self.media.transcription
         if not settings.model:
             raise ModelError("no transcription model is configured (media.transcription.model)")
         litellm = await load()
+        data = await asyncio.to_thread(path.read_bytes)
         try:
-            with path.open("rb") as audio:
-                result = await asyncio.wait_for(litellm.atranscription(
-                    model=settings.model, file=audio,
-                    api_base=settings.api_base or self.llm.api_base,
-                    api_key=settings.api_key or self.llm.api_key), settings.timeout_s)
+            result = await asyncio.wait_for(litellm.atranscription(
+                model=settings.model, file=(audio_name(path.name, mime), data),
+                api_base=settings.api_base or self.llm.api_base,
+                api_key=settings.api_key or self.llm.api_key), settings.timeout_s)
         except TimeoutError:
             raise ModelError(f"the transcription took longer than {settings.timeout_s:g} s") \
                 from None

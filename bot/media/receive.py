@@ -166,7 +166,7 @@ class Receiver:
                              f"set (media.transcription.model). It is saved as {media.path}.")
             return
         try:
-            words = await self.senses.transcribe(Path(media.file))
+            words = await self.senses.transcribe(Path(media.file), media.mime)
         except ModelError as exc:
             got.notes.append(f"Tandem could not understand {media.name}: {exc}. Nothing else "
                              "was done; send it again or type it.")

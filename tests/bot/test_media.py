@@ -25,7 +25,7 @@ from bot.events import (
 )
 from bot.media import MB, TooLarge
 from tests.conftest import Core
-from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec, Transcript
 
 
 class MemoryPort:
@@ -299,3 +299,58 @@ async def test_send_file_refuses_what_the_platform_cannot_take_or_what_is_outsid
     assert "big.bin is 4.9 kB; Console lets bots send files up to 1000 bytes" in results[0]
     assert "outside the workspace" in results[1]
     assert port.uploads == []
+
+
+def wav(seconds: float = 0.5) -> bytes:
+    import math
+    import struct
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"".join(struct.pack("<h", int(3000 * math.sin(i / 5)))
+                               for i in range(int(seconds * 8000))))
+    return out.getvalue()
+
+
+async def test_a_recording_without_an_audio_name_is_still_transcribed(
+        config_factory: Callable[..., Config], model: FakeModelServer) -> None:
+    core, port = started(config_factory())
+    model.transcribe_script("call the plumber")
+    model.script(Reply(text="Calling."))
+    async with core:
+        await send(core, "", Attachment("recording", "audio/wav", 0, "audio",
+                                        port.add("r", wav())))
+        await core.sink.ended()
+    [heard] = model.transcriptions
+    assert heard.filename == "recording.wav"
+    assert [n.text for n in core.sink.of(Notice)] == ["Heard: “call the plumber”"]
+    assert "[Ann] call the plumber" in user_text(model.last_messages())
+
+
+async def test_a_failed_transcription_is_said_and_nothing_else_happens(
+        config_factory: Callable[..., Config], model: FakeModelServer) -> None:
+    core, port = started(config_factory())
+    model.transcriber = lambda _request: Transcript(fault="500")  # every retry fails too
+    async with core:
+        await send(core, "", Attachment("voice.ogg", "audio/ogg", 0, "audio",
+                                        port.add("v", wav())))
+        [note] = await core.sink.wait(lambda: core.sink.of(Notice))
+        await core.hub.idle()
+    assert "could not understand voice.ogg" in note.text and "Nothing else was done" in note.text
+    assert model.requests == []
+
+
+async def test_without_a_transcription_model_the_user_is_told(
+        config_factory: Callable[..., Config], model: FakeModelServer) -> None:
+    core, port = started(config_factory(media__transcription__model=""))
+    async with core:
+        await send(core, "", Attachment("voice.ogg", "audio/ogg", 0, "audio",
+                                        port.add("v", wav())))
+        [note] = await core.sink.wait(lambda: core.sink.of(Notice))
+        await core.hub.idle()
+    assert "no transcription model is set (media.transcription.model)" in note.text
+    assert model.requests == [] and model.transcriptions == []
