@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,6 +49,15 @@ class LLMConfig(Section):
 
 class StoreConfig(Section):
     path: str = "data/tandem.db"
+    url: str | None = None
+    """`postgresql://…` for several workers, or `sqlite:///path`; unset: SQLite at `path`."""
+    pool_size: int = Field(default=10, ge=1)
+    """PostgreSQL connections per worker (the task queue uses a few more)."""
+
+    @property
+    def target(self) -> str:
+        """What `open_store` is given: the URL, else the SQLite path."""
+        return self.url or self.path
 
 
 class PersonaConfig(Section):
@@ -126,10 +136,24 @@ class TelegramGroups(Section):
     require_mention: bool = True
 
 
+class TelegramWebhook(Section):
+    url: str | None = None
+    """The public HTTPS address Telegram posts updates to (behind your reverse proxy)."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8443, ge=0, le=65535)
+    path: str = "/telegram"
+    secret_token: str | None = None
+    """Checked on every request (`X-Telegram-Bot-Api-Secret-Token`); required."""
+
+
 class TelegramConfig(Section):
     enabled: bool = False
     token: str | None = None
     base_url: str = "https://api.telegram.org/bot"
+    mode: Literal["polling", "webhook"] = "polling"
+    """Polling (one process polls; with several workers one is elected) or a webhook
+    (every worker may receive)."""
+    webhook: TelegramWebhook = Field(default_factory=TelegramWebhook)
     allowed_users: list[TelegramUser] = Field(default_factory=list)
     """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.access`)."""
     approvers: list[TelegramApprover] = Field(default_factory=list)
@@ -258,10 +282,12 @@ class Config(Section):
         found = [
             self.llm.api_key,
             self.telegram.token,
+            self.telegram.webhook.secret_token,
             self.slack.bot_token,
             self.slack.app_token,
             self.slack.signing_secret,
             self.media.transcription.api_key,
+            urlsplit(self.store.url).password if self.store.url else None,
         ]
         for server in self.mcp.servers.values():
             found += server.headers.values()
