@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
