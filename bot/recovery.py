@@ -10,9 +10,11 @@ turn is rebuilt from its record and processed at the next start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from bot import turn as t
 from bot.approvals import Approvals
@@ -88,6 +90,12 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
         conv.turn = state
         log.info("repairing turn %d of %s (%s)", last.turn, key, last.status)
         await runner.apply(conv, t.restart(state, limits, was_running=last.status == "running"))
+    pictures = [Path(m.file) for msg in conv.history for m in msg.media
+                if m.seen and m.kind == "image"]
+    if pictures:  # decoded off the event loop now, not while the next request is built
+        from bot.media import images
+
+        await asyncio.to_thread(images.warm, pictures)
     return conv  # trimmed when its next turn begins (that needs the model's window)
 
 

@@ -12,7 +12,7 @@ MAX_SIDE = 2048
 MAX_PIXELS = 80_000_000
 """A larger picture is refused rather than decoded (a decompression bomb)."""
 _CACHE: OrderedDict[tuple[str, int, int], str] = OrderedDict()
-_CACHE_SIZE = 8
+_CACHE_SIZE = 16
 
 
 def encode(data: bytes) -> tuple[str, bytes]:
@@ -28,8 +28,11 @@ def encode(data: bytes) -> tuple[str, bytes]:
                     and opened.getexif().get(0x0112, 1) == 1):
                 opened.load()  # decodes it whole: a broken file fails here
                 return f"image/{fmt.lower()}", data  # already fine: sent as it is
+            # shrink first (a JPEG decodes straight at a smaller scale), turn upright after:
+            # no full-size copy is made
+            opened.draft("RGB", (MAX_SIDE, MAX_SIDE))
+            opened.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
             image = ImageOps.exif_transpose(opened)
-            image.thumbnail((MAX_SIDE, MAX_SIDE))
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as exc:
         raise ValueError(f"not a picture Tandem can read ({exc})") from None
     out = io.BytesIO()
@@ -54,3 +57,13 @@ def data_url(path: Path) -> str:
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return url
+
+
+def warm(paths: list[Path]) -> None:
+    """Encode the pictures at `paths` now (in a worker thread), so building a request
+    later finds them ready instead of decoding on the event loop."""
+    for path in paths[-_CACHE_SIZE:]:
+        try:
+            data_url(path)
+        except (OSError, ValueError):
+            continue  # gone or broken: the request names it as such
