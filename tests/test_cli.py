@@ -246,3 +246,26 @@ async def test_doctor_connects_to_each_mcp_server(model: FakeModelServer, tmp_pa
     assert proc.returncode == 1, text
     assert "[ok  ] mcp fake: connected, 11 tools offered" in text
     assert "[FAIL] mcp gone: could not connect:" in text
+
+
+async def test_doctor_says_when_a_slack_file_scope_is_missing(model: FakeModelServer,
+                                                              tmp_path: Path) -> None:
+    from tests.fakes.slack_server import DEFAULT_SCOPES, FakeSlackServer
+
+    async with FakeSlackServer(scopes=DEFAULT_SCOPES - {"files:write"}) as slack:
+        slack_config = {"enabled": True, "mode": "socket", "bot_token": "xoxb-test",
+                        "app_token": "xapp-test", "base_url": slack.api_url,
+                        "allowed_users": ["U1"]}
+
+        async def doctor() -> str:
+            config = write_config(tmp_path, model, slack=slack_config)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot", "--config", str(config), "doctor",
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+            return out.decode()
+
+        text = await doctor()
+        assert "[warn] slack files: the bot token lacks files:write" in text, text
+        slack.scopes.add("files:write")
+        assert "[ok  ] slack files: files:read and files:write granted" in await doctor()
