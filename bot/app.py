@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
@@ -11,6 +12,8 @@ from typing import BinaryIO
 
 from bot import redact
 from bot.access import Access
+from bot.cluster import Cluster
+from bot.cluster.lanes import ClusterLanes
 from bot.config import Config
 from bot.conversation import Conversation
 from bot.errors import ToolError
@@ -115,11 +118,13 @@ class ToolEnv:
 
 
 def build(config: Config, *, model: ModelClient | None = None, store: Store | None = None,
-          tools: Iterable[Tool] | None = None) -> tuple[Hub, Dispatch]:
-    """The hub with its dependencies; the caller opens the store and adds sinks."""
+          tools: Iterable[Tool] | None = None,
+          cluster: Cluster | None = None) -> tuple[Hub, Dispatch]:
+    """The hub with its dependencies; the caller opens the store and adds sinks. With
+    `cluster`, the conversations' work is shared with the other workers."""
     redactor = redact.known(config.secrets())
     dispatch = Dispatch(redactor)
-    store = store or open_store(config.store.path)
+    store = store or open_store(config.store.target, pool_size=config.store.pool_size)
     persona = Persona(config.persona.dir, config.persona.max_file_chars)
     registry = Registry(default_tools(Path(config.workspace.dir)) if tools is None else tools)
     scheduler = Scheduler(store, config.scheduler.timezone, config.scheduler.misfire_grace_s)
@@ -130,6 +135,7 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
                 emit=dispatch.emit, tool_context=env, redact=redactor,
                 mcp=Servers(config.mcp, registry))
     receiver = Receiver(config, dispatch.ports, Senses(config.llm, config.media))
-    hub = Hub(deps, Access.from_config(config), scheduler, receiver)
+    lanes = None if cluster is None else functools.partial(ClusterLanes, cluster=cluster)
+    hub = Hub(deps, Access.from_config(config), scheduler, receiver, lanes)
     scheduler.deliver = hub.deliver
     return hub, dispatch

@@ -17,9 +17,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="YAML config (default: ./config.yaml)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("run", help="start every enabled platform (the terminal if none is)")
+    run = sub.add_parser("run", help="start every enabled platform (the terminal if none is)")
+    run.add_argument("--workers", type=int, default=1, metavar="N",
+                     help="run N worker processes (needs a PostgreSQL store.url)")
     sub.add_parser("chat", help="talk to Tandem in this terminal (scriptable from stdin)")
     sub.add_parser("doctor", help="check config, persona, database and the model endpoint")
+    sub.add_parser("migrate", help="bring the database schema up to date, then exit")
     return p
 
 
@@ -38,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
             from bot.doctor import doctor
 
             return doctor(config)
+        if args.command == "migrate":
+            from bot.main import migrate
+
+            return migrate(config)
+        if args.command == "run" and args.workers != 1:
+            return _workers(config, args)
         from bot.main import serve
 
         return serve(config, chat=args.command == "chat", verbose=args.verbose)
@@ -46,3 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _workers(config: object, args: argparse.Namespace) -> int:
+    from bot.config import Config
+    from bot.errors import ConfigError
+    from bot.main import cluster_url
+
+    assert isinstance(config, Config)
+    if args.workers < 1:
+        raise ConfigError("--workers", "must be at least 1")
+    if cluster_url(config) is None:
+        raise ConfigError("store.url", "must be a postgresql:// URL to run several workers "
+                          "(SQLite serves one process)")
+    from bot import logs
+    from bot.workers import supervise
+
+    logs.setup(20, config.secrets())
+    return supervise(args.workers, args.config, args.verbose)

@@ -42,6 +42,8 @@ class CommandContext:
     jobs: Jobs | None = None
     servers: Callable[[], list[str]] = list
     """One status line per MCP server."""
+    backend: Callable[[], Awaitable[str]] | None = None
+    """The store and, with several workers, the workers alive and the queue's depth."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,8 @@ async def status(ctx: CommandContext, conv: Conversation) -> str:
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
         f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]
+    if ctx.backend is not None:
+        lines.append(f"Store: {await ctx.backend()}")
     servers = ctx.servers()
     if servers:
         lines.append("MCP servers:\n" + "\n".join(f"  {line}" for line in servers))

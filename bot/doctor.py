@@ -43,7 +43,15 @@ async def _database(config: Config) -> list[tuple[str, str, str]]:
     from bot.errors import StoreError
     from bot.store.backends import open_store
 
-    store = open_store(config.store.path)
+    target = config.store.target
+    postgres = target.startswith(("postgresql://", "postgres://"))
+    if postgres:
+        from bot.store.postgres_base import redact
+
+        where = f"PostgreSQL {redact(target)}"
+    else:
+        where = f"SQLite {Path(target.removeprefix('sqlite://'))}"
+    store = open_store(target)
     try:
         await store.open()
         check = await store.integrity_check()
@@ -52,14 +60,24 @@ async def _database(config: Config) -> list[tuple[str, str, str]]:
     finally:
         await store.close()
     status = OK if check == "ok" else BAD
-    return [("database", status, f"{Path(config.store.path)}: integrity {check}")]
+    out = [("database", status, f"{where}: integrity {check}")]
+    if postgres:
+        from bot.cluster import stats
+
+        try:
+            workers, depth = await stats(target)
+        except Exception as exc:  # the queue's tables are the workers' business
+            out.append(("workers", WARN, f"could not read the task queue ({type(exc).__name__})"))
+        else:
+            out.append(("workers", OK, f"{workers} alive, {depth} jobs queued or running"))
+    return out
 
 
 def _private_paths(config: Config) -> list[Path]:
     """What holds conversations or memory: the database and its folder, the persona's
     USER.md and MEMORY.md, and its `memory/` folder with everything in it."""
     paths = []
-    if config.store.path != ":memory:":
+    if config.store.url is None and config.store.path != ":memory:":
         db = Path(config.store.path)
         paths += [db.parent, db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
     persona = Path(config.persona.dir)

@@ -27,7 +27,7 @@ from bot.media.receive import Receiver
 from bot.recovery import recover
 from bot.runner import Deps, Runner
 from bot.scheduler import Scheduler
-from bot.worker import Worker
+from bot.worker import LanesFactory, Worker
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ class Sink(Protocol):
 
 class Hub:
     def __init__(self, deps: Deps, access: Access, scheduler: Scheduler,
-                 receiver: Receiver | None = None) -> None:
+                 receiver: Receiver | None = None, lanes: LanesFactory | None = None) -> None:
         self.d = deps
         self.runner = Runner(deps)
         self.access = access
         self.scheduler = scheduler
         self.intake = Intake(deps.config, deps.store, access, receiver)
-        self.worker = Worker(self.runner, self.intake, access, scheduler)
+        self.worker = Worker(self.runner, self.intake, access, scheduler, lanes)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals
 
@@ -52,7 +52,11 @@ class Hub:
 
     async def recover(self) -> None:
         """After a start: repair unfinished turns once each, show and re-arm pending
-        approvals, and process inbound that was recorded but never handled."""
+        approvals, and process inbound that was recorded but never handled. With several
+        workers there is nothing to do: work waits in the queue, and a dead worker's job
+        is taken by another, which repairs its conversation as it loads it."""
+        if self.lanes.shared:
+            return
         await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put)
 
     async def close(self) -> None:
@@ -82,7 +86,7 @@ class Hub:
             return Receipt(False, refusal)
         if isinstance(item, UserMessage) and self.lanes.running(item.conv):
             await self.d.emit(Queued(item.conv, item.ref))
-        self.lanes.put(item.conv, item)
+        await self.lanes.submit(item.conv, item)
         return Receipt(True)
 
     def cancel(self, item: Cancel) -> Receipt:

@@ -34,6 +34,9 @@ class _Lane(Generic[W]):
 
 
 class Lanes(Generic[W]):
+    shared = False
+    """True for lanes that span several workers (`bot.cluster.lanes`)."""
+
     def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]]) -> None:
         self._handle = handle
         self._lanes: dict[ConvKey, _Lane[W]] = {}
@@ -46,6 +49,13 @@ class Lanes(Generic[W]):
         lane.inbox.append(item)
         if lane.task is None:
             lane.task = asyncio.get_running_loop().create_task(self._drain(key, lane))
+
+    async def submit(self, key: ConvKey, item: W) -> None:
+        """`put`, for callers that may wait until the item is queued."""
+        self.put(key, item)
+
+    def expire_at(self, item: W, at: float) -> None:
+        """An approval's expiry that must outlive this process (the timers serve here)."""
 
     def park(self, key: ConvKey, item: W) -> None:
         """Keep `item` until the conversation's current turn is over (`unpark`)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -11,12 +12,16 @@ from typing import Any, Protocol
 
 from bot import llm, logs, redact
 from bot.app import Dispatch, build
+from bot.cluster import Cluster, ensure_queue_schema
 from bot.config import Config
 from bot.errors import StoreError, TandemError
 from bot.hub import Hub
 from bot.store import Store
 
 log = logging.getLogger("tandem")
+SCHEDULE_SYNC_S = 2.0
+"""How often the leading worker reads tasks other workers scheduled or cancelled."""
+_background: set[asyncio.Task[None]] = set()
 
 
 class Platform(Protocol):
@@ -33,12 +38,43 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
         return 1
 
 
+def migrate(config: Config) -> int:
+    """`tandem migrate`: the store's schema (and the task queue's, with PostgreSQL)."""
+    logs.setup(logging.INFO, config.secrets())
+    from bot.store.backends import open_store
+
+    async def run() -> None:
+        store = open_store(config.store.target)
+        await store.open()  # applies what is missing, under a lock
+        await store.close()
+        url = cluster_url(config)
+        if url is not None:
+            await ensure_queue_schema(url)
+
+    try:
+        asyncio.run(run())
+    except StoreError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("the database schema is up to date")
+    return 0
+
+
+def cluster_url(config: Config) -> str | None:
+    """The PostgreSQL URL when Tandem runs as one of several workers."""
+    target = config.store.target
+    return target if target.startswith(("postgresql://", "postgres://")) else None
+
+
 async def _serve(config: Config, chat: bool) -> int:
-    hub, dispatch = build(config)
+    url = cluster_url(config)
+    cluster = None if url is None or chat else Cluster(url)
+    hub, dispatch = build(config, cluster=cluster)
     await hub.d.store.open()
     platforms: list[Platform] = []
     try:
-        await _kill_orphans(hub.d.store)
+        if cluster is None:  # with several workers each one's supervisor does this
+            await _kill_orphans(hub.d.store)
         names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
         # litellm takes seconds to import: it loads in a thread from here on, while the
@@ -54,6 +90,11 @@ async def _serve(config: Config, chat: bool) -> int:
             await hub.scheduler.start()
             hub.d.mcp.start()  # in the background: its tools join when each server is up
             await console.run()
+        elif cluster is not None:
+            cluster.on_leader = functools.partial(_lead, hub)
+            await cluster.start()
+            hub.d.mcp.start()
+            await _wait_for_signal()
         else:
             await hub.recover()
             await hub.scheduler.start()
@@ -65,6 +106,8 @@ async def _serve(config: Config, chat: bool) -> int:
         return 1
     finally:
         await hub.close()
+        if cluster is not None:
+            await cluster.close()
         await hub.d.mcp.close()
         for platform in reversed(platforms):
             with contextlib.suppress(Exception):
@@ -84,6 +127,21 @@ def load_platform(name: str) -> PlatformModule:
     The core names them only by string and never imports a platform library."""
     module: PlatformModule = importlib.import_module(f"adapters.{name}")  # type: ignore[assignment]
     return module
+
+
+async def _lead(hub: Hub) -> None:
+    """This worker leads: it computes the schedule, taking up others' changes."""
+    await hub.scheduler.start()
+
+    async def keep_in_step() -> None:
+        while True:
+            await asyncio.sleep(SCHEDULE_SYNC_S)
+            try:
+                await hub.scheduler.sync()
+            except Exception:
+                log.warning("could not read the schedule", exc_info=True)
+
+    _background.add(asyncio.create_task(keep_in_step(), name="schedule-sync"))
 
 
 async def _kill_orphans(store: Store) -> None:

@@ -50,16 +50,34 @@ class Scheduler:
         self._aps.start()
         now = datetime.now(self.tz)
         for job in await self.store.jobs():
-            self.active.setdefault(job.conv_id, set()).add(job.id)
-            trigger = self.trigger(job)
-            since = datetime.fromtimestamp(job.last_slot or job.anchor, self.tz)
-            if job.kind == "date" and job.last_slot is None:
-                since = datetime.fromtimestamp(job.anchor - 1, self.tz)
-            missed = previous_fire(trigger, since, now)
-            if missed is not None:
-                await self.fire(job.id, missed.timestamp(), late=True)
-            if job.kind != "date" or missed is None:
-                self._register(job, trigger)
+            await self._take(job, now)
+
+    async def _take(self, job: JobRow, now: datetime) -> None:
+        """Run a slot missed until `now` (late), and register what is still to come."""
+        self.active.setdefault(job.conv_id, set()).add(job.id)
+        trigger = self.trigger(job)
+        since = datetime.fromtimestamp(job.last_slot or job.anchor, self.tz)
+        if job.kind == "date" and job.last_slot is None:
+            since = datetime.fromtimestamp(job.anchor - 1, self.tz)
+        missed = previous_fire(trigger, since, now)
+        if missed is not None:
+            await self.fire(job.id, missed.timestamp(), late=True)
+        if job.kind != "date" or missed is None:
+            self._register(job, trigger)
+
+    async def sync(self) -> None:
+        """Take up what other workers changed in the store: their new tasks are
+        registered (a missed slot runs once, late), cancelled ones removed."""
+        if self._aps is None:
+            return
+        stored = {job.id: job for job in await self.store.jobs()}
+        for job in self._aps.get_jobs():
+            if job.id not in stored:
+                job.remove()
+        now = datetime.now(self.tz)
+        for job in stored.values():
+            if self._aps.get_job(job.id) is None:
+                await self._take(job, now)
 
     def shutdown(self) -> None:
         if self._aps is not None and self._aps.running:
@@ -78,7 +96,8 @@ class Scheduler:
         return spec.trigger
 
     def _register(self, job: JobRow, trigger: Any) -> None:
-        assert self._aps is not None
+        if self._aps is None:  # not this worker's to run: the leader's `sync` takes it up
+            return
         self._aps.add_job(self._on_time, trigger, args=[job.id], id=job.id,
                           replace_existing=True, misfire_grace_time=self.grace, coalesce=True,
                           max_instances=1)

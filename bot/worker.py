@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from bot import commands
@@ -52,16 +53,18 @@ class Expiry:
 
 
 Work = Inbound | Expiry | Resume
+LanesFactory = Callable[[Callable[[ConvKey, list[Work]], Awaitable[None]]], Lanes[Work]]
+"""Makes the lanes (in this process, or across workers) around the worker's handler."""
 
 
 class Worker:
     def __init__(self, runner: Runner, intake: Intake, access: Access,
-                 scheduler: Scheduler) -> None:
+                 scheduler: Scheduler, lanes: LanesFactory | None = None) -> None:
         self.runner = runner
         self.d = runner.d
         self.intake = intake
         self.scheduler = scheduler
-        self.lanes: Lanes[Work] = Lanes(self._handle)
+        self.lanes: Lanes[Work] = (lanes or Lanes)(self._handle)
         self.convs = Conversations(self._load, self.lanes.busy)
         self.approvals = Approvals(runner, access, self.due)
 
@@ -75,6 +78,8 @@ class Worker:
     # -- on the lane ------------------------------------------------------------------
 
     async def _handle(self, key: ConvKey, batch: list[Work]) -> None:
+        if self.lanes.shared:  # another worker may have changed it: read it fresh
+            self.convs.drop(key)
         try:
             conv = await self.convs.get(key)
             await self._dispatch(conv, batch)
@@ -156,6 +161,7 @@ class Worker:
         if conv.turn is not None:
             for approval in await self.d.store.pending_approvals(conv.row.id):
                 self.approvals.arm(key, approval)
+                self.lanes.expire_at(Expiry(key, approval.id), approval.expires_at)
 
     async def _cancel_waiting(self, conv: Conversation, item: Cancel) -> None:
         state = conv.turn
@@ -168,7 +174,7 @@ class Worker:
     async def _command(self, conv: Conversation, cmd: Command) -> None:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
                              self.runner.window, self.lanes.running(conv.row.key),
-                             self.scheduler, self.d.mcp.status)
+                             self.scheduler, self.d.mcp.status, self._backend)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
                 if conv.turn is not None:
@@ -178,6 +184,18 @@ class Worker:
                 self.convs.drop(conv.row.key)
             else:
                 await self.d.emit(out)
+
+    async def _backend(self) -> str:
+        target = self.d.config.store.target
+        if not self.lanes.shared:
+            return f"SQLite, one process ({target.removeprefix('sqlite://')})"
+        from bot.cluster import stats
+
+        try:
+            workers, depth = await stats(target)
+        except Exception:  # only a status line: say it is unknown
+            return "PostgreSQL, several workers (the task queue could not be read)"
+        return f"PostgreSQL, {workers} workers alive, {depth} jobs queued or running"
 
     async def _end_waiting(self, conv: Conversation, step: t.Step) -> None:
         """End a turn that waits for a human; its cards' timers go too."""

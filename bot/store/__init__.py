@@ -1,7 +1,7 @@
 """The store: one narrow async interface; no SQL outside its implementations.
 
-SQLite (`bot.store.sqlite`) is the embedded default; a PostgreSQL implementation
-would implement the same `Store` protocol. Callers build one with
+SQLite (`bot.store.sqlite`) is the embedded default; PostgreSQL (`bot.store.postgres`,
+for several workers) implements the same `Store` protocol. Callers build one with
 `bot.store.backends.open_store` and see only `Store`.
 
 Calls and turns are addressed by (conversation, session, ...): a new session starts

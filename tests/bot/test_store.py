@@ -1,16 +1,25 @@
 """The store's contract, written against the `Store` protocol only.
 
-Every test runs once per backend in `BACKENDS`; a new backend (PostgreSQL) adds an
-entry there and runs these tests unchanged. The migration tests at the end are
-SQLite's own.
+Every test runs once per backend in `BACKENDS`: SQLite in a file of its own, PostgreSQL
+in one database per session, its tables emptied for each test (`tests/pg.py`; set
+`TANDEM_TEST_PG` to the server, which the PostgreSQL tests need: they fail without it).
+The migration tests at the end are each backend's own, then come PostgreSQL's tests of
+several processes on one database.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from bot.errors import StoreError
@@ -19,15 +28,34 @@ from bot.history import CallState, Msg, Outcome, ToolCall, tool_result
 from bot.media import Media
 from bot.store import ApprovalRow, ConvRow, JobRow, Store, TurnRow, new_id
 from bot.store.backends import open_store
+from bot.store.postgres import PostgresStore, migrate
+from bot.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
+from bot.store.postgres_schema import VERSION_TABLE
+from bot.store.sqlite import SQLiteStore
+from tests import pg
+
+PG = pg.SessionDatabase()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_the_session_database() -> Iterator[None]:
+    yield
+    PG.drop()
 
 
 async def _sqlite(tmp_path: Path) -> Store:
     return open_store(str(tmp_path / "store.db"))
 
 
+async def _postgresql(tmp_path: Path) -> Store:
+    """The session database, emptied when this test first asks (so a store the test
+    reopens finds its data)."""
+    return open_store(await PG.shared(str(tmp_path)))
+
+
 BACKENDS: dict[str, Callable[[Path], Awaitable[Store]]] = {
     "sqlite": _sqlite,
-    # "postgresql": _postgresql,  (a fresh schema per test; skip when no server is set)
+    "postgresql": _postgresql,
 }
 
 
@@ -806,3 +834,274 @@ async def test_a_newer_database_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="newer"):
         await store.open()
     await store.close()
+
+
+# -- choosing the backend -------------------------------------------------------------
+
+
+def test_open_store_chooses_the_backend_by_its_url(tmp_path: Path) -> None:
+    for target in ("postgresql://db.example/tandem", "postgres://u@db.example/tandem",
+                   "PostgreSQL://db.example/tandem"):
+        chosen = open_store(target, pool_size=3)
+        assert isinstance(chosen, PostgresStore) and chosen.max_size == 3
+    found = {target: open_store(target) for target in (
+        f"sqlite://{tmp_path}/a.db", "sqlite://rel/b.db", "plain/c.db", ":memory:")}
+    assert {t: (type(s), str(getattr(s, "path", ""))) for t, s in found.items()} == {
+        f"sqlite://{tmp_path}/a.db": (SQLiteStore, f"{tmp_path}/a.db"),
+        "sqlite://rel/b.db": (SQLiteStore, "rel/b.db"),
+        "plain/c.db": (SQLiteStore, "plain/c.db"),
+        ":memory:": (SQLiteStore, ":memory:")}
+
+
+def test_a_sqlite_store_never_imports_psycopg(tmp_path: Path) -> None:
+    code = ("import sys; from bot.store.backends import open_store;"
+            f" open_store({str(tmp_path / 'x.db')!r});"
+            " print(sorted(m for m in sys.modules if m.startswith('psycopg')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# -- PostgreSQL: the schema migration -------------------------------------------------
+
+
+def _schema_of(tmp_path: Path) -> str:
+    return "t_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
+
+
+@pytest.fixture
+async def pg_url(tmp_path: Path) -> str:
+    """A URL of an empty schema of its own for this test."""
+    return await PG.schema(_schema_of(tmp_path))
+
+
+async def _sql(url: str, statement: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(statement, args)
+        return await cur.fetchall() if cur.description else []
+
+
+async def test_postgresql_two_stores_opening_at_once_migrate_once(pg_url: str) -> None:
+    first, second = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        await asyncio.gather(first.open(), second.open())
+        versions = await _sql(pg_url, "SELECT version FROM schema_version ORDER BY version")
+        assert [v for v, in versions] == list(range(1, len(PG_MIGRATIONS) + 1))
+        assert await first.integrity_check() == await second.integrity_check() == "ok"
+        assert (await first.conversation(KEY)).id == (await second.conversation(KEY)).id
+    finally:
+        await first.close()
+        await second.close()
+    assert await migrate(pg_url) == 0
+
+
+STRICT = "default_transaction_isolation=serializable"
+"""A server default that the store overrides: at this level, a second migrator or writer
+would fail instead of finding its work done."""
+
+
+async def test_postgresql_migrate_applies_what_is_pending_once(tmp_path: Path) -> None:
+    url = await PG.schema(_schema_of(tmp_path), STRICT)
+    assert sorted(await asyncio.gather(migrate(url), migrate(url))) == [0, len(PG_MIGRATIONS)]
+    assert await migrate(url) == 0
+
+
+async def test_postgresql_a_newer_schema_is_refused(pg_url: str) -> None:
+    await _sql(pg_url, VERSION_TABLE)
+    await _sql(pg_url, "INSERT INTO schema_version VALUES (99, 0)")
+    store = PostgresStore(pg_url)
+    with pytest.raises(StoreError, match="newer"):
+        await store.open()
+    await store.close()
+    with pytest.raises(StoreError, match="v99 is newer than this Tandem"):
+        await migrate(pg_url)
+    assert await _sql(pg_url, "SELECT to_regclass('conversations')") == [(None,)]
+
+
+async def test_postgresql_integrity_check_says_what_is_wrong(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        await _sql(pg_url, "INSERT INTO schema_version VALUES (%s, 0)",
+                   (len(PG_MIGRATIONS) + 1,))
+        await _sql(pg_url, "DROP TABLE processes")
+        assert await store.integrity_check() == (
+            f"missing tables: processes; schema v{len(PG_MIGRATIONS) + 1},"
+            f" this Tandem expects v{len(PG_MIGRATIONS)}")
+    finally:
+        await store.close()
+
+
+# -- PostgreSQL: a password never shows -----------------------------------------------
+
+SECRET = "Sup3r-S3cret"
+
+
+def _texts(exc: BaseException | None) -> list[str]:
+    """The messages of `exc` and of every exception a traceback of it would show."""
+    found = []
+    while exc is not None:
+        found.append(str(exc))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return found
+
+
+def _with_password(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
+@pytest.mark.parametrize("password", [SECRET, "p%40ss%2Fw0rd"])
+async def test_postgresql_a_password_never_shows_in_a_failed_open(pg_url: str,
+                                                                   password: str) -> None:
+    refused = "postgresql://tandem:{}@127.0.0.1:1/tandem"
+    unknown = _with_password(pg_url, "no_such_role", "{}")
+    for url in (refused.format(password), unknown.format(password),
+                f"postgresql://127.0.0.1:1/tandem?user=tandem&password={password}"):
+        store = PostgresStore(url)
+        with pytest.raises(StoreError) as caught:
+            await store.open()
+        await store.close()
+        with pytest.raises(StoreError) as migrating:
+            await migrate(url)
+        for text in _texts(caught.value) + _texts(migrating.value):
+            assert password not in text and "p@ss/w0rd" not in text
+        assert "cannot open the database postgresql://" in str(caught.value)
+        assert "***" in str(caught.value)
+
+
+async def test_postgresql_a_password_never_shows_in_a_database_error(pg_url: str) -> None:
+    parts = urlsplit(pg_url)
+    if parts.password:  # the server wants one: that is the one to hide
+        secret, url = parts.password, pg_url
+    else:  # a server that trusts us ignores a password given anyway
+        [(user,)] = await _sql(pg_url, "SELECT current_user")
+        secret, url = SECRET, _with_password(pg_url, user, SECRET)
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        conv = await store.conversation(KEY)
+        row = ApprovalRow(secret, conv.id, 1, "call_0", "shell", "ls", "u1", "pending", 1.0, 2.0)
+        await store.add_approval(row)
+        with pytest.raises(StoreError) as caught:  # its detail names the key: the secret
+            await store.add_approval(row)
+    finally:
+        await store.close()
+    assert "duplicate key" in str(caught.value)
+    assert all(secret not in text for text in _texts(caught.value))
+
+
+def test_the_postgresql_helper_fails_clearly_without_a_server() -> None:
+    with pytest.raises(pytest.fail.Exception) as caught, pg.database(
+            f"postgresql://tandem:{SECRET}@127.0.0.1:1/test"):
+        pass
+    message = str(caught.value.msg)
+    assert "not reachable at postgresql://tandem:***@127.0.0.1:1/test" in message
+    assert "TANDEM_TEST_PG=" in message and SECRET not in message
+
+
+# -- PostgreSQL: several processes on one database ------------------------------------
+
+
+@pytest.fixture
+async def two_stores(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
+    """Two stores on one database (`pg_url`'s schema), as two processes would have, on a
+    server whose default isolation level is stricter than the store's."""
+    url = await PG.schema(_schema_of(tmp_path), STRICT)
+    first, second = PostgresStore(url), PostgresStore(url)
+    await first.open()
+    await second.open()
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _race(url: str, lock: str, args: tuple[Any, ...],
+                *calls: Coroutine[Any, Any, Any]) -> list[Any]:
+    """Run `calls` while a third transaction holds the row lock `lock` takes, and let it
+    go once every call waits for it: the calls then contend for the row, rather than
+    happening to run one after the other."""
+    async with (await psycopg.AsyncConnection.connect(url) as holder,
+                await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher):
+        await holder.execute(lock, args)
+        tasks = [asyncio.create_task(c) for c in calls]
+        try:
+            async with asyncio.timeout(10):
+                while await _waiting_for_locks(watcher) < len(calls):
+                    await asyncio.sleep(0.01)
+            await holder.rollback()
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+async def _waiting_for_locks(conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> int:
+    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity"
+                             " WHERE datname = current_database() AND wait_event_type = 'Lock'")
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_postgresql_two_copies_of_an_inbound_at_once_accept_one(
+        two_stores: tuple[Store, Store], pg_url: str) -> None:
+    a, b = two_stores
+    results = await _race(
+        pg_url, "INSERT INTO inbound (ref, conv, kind, payload, received_at)"
+        " VALUES ('m1', 'x', 'message', '{}', 0)", (),
+        a.accept_inbound("m1", KEY, "message", '{"copy": "a"}'),
+        b.accept_inbound("m1", KEY, "message", '{"copy": "b"}'))
+    assert sorted(results) == [False, True]
+    [(ref, kind, payload)] = await a.unprocessed_inbound()
+    assert (ref, kind) == ("m1", "message")
+    assert payload == ('{"copy": "a"}' if results[0] else '{"copy": "b"}')
+
+
+async def test_postgresql_two_decisions_at_once_decide_once(
+        two_stores: tuple[Store, Store], pg_url: str) -> None:
+    a, b = two_stores
+    row = approval(await a.conversation(KEY), "call_0")
+    await a.add_approval(row)
+    results = await _race(pg_url, "SELECT 1 FROM approvals WHERE id = %s FOR UPDATE", (row.id,),
+                          a.decide(row.id, "approved", "ann"), b.decide(row.id, "denied", "bob"))
+    assert sorted(results) == [False, True]
+    decided = await b.approval(row.id)
+    assert decided is not None
+    assert (decided.status, decided.decided_by) == (
+        ("approved", "ann") if results[0] else ("denied", "bob"))
+
+
+async def test_postgresql_two_schedulers_on_one_slot_claim_it_once(
+        two_stores: tuple[Store, Store], pg_url: str) -> None:
+    a, b = two_stores
+    row = job(await a.conversation(KEY))
+    await a.add_job(row)
+    results = await _race(pg_url, "SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (row.id,),
+                          a.claim_slot(row.id, 2000.0, "job-a", KEY, "{}"),
+                          b.claim_slot(row.id, 2000.0, "job-b", KEY, "{}"))
+    assert sorted(results) == [False, True]
+    assert [r for r, _, _ in await a.unprocessed_inbound()] == [
+        "job-a" if results[0] else "job-b"]
+    claimed = await b.job(row.id)
+    assert claimed is not None and claimed.last_slot == 2000.0
+
+
+async def test_postgresql_one_inbound_begins_one_turn_from_two_workers(
+        two_stores: tuple[Store, Store], pg_url: str) -> None:
+    a, b = two_stores
+    conv = await a.conversation(KEY)
+    assert await a.accept_inbound("in-1", KEY, "message", "{}")
+    assert await a.accept_inbound("in-2", KEY, "message", "{}")
+    results = await _race(
+        pg_url, "SELECT 1 FROM inbound WHERE ref = ANY(%s) FOR UPDATE", (["in-1", "in-2"],),
+        a.begin_turn(conv.id, 1, [Msg("user", "from a", 1)], "u1", False, ["in-2", "in-1"]),
+        b.begin_turn(conv.id, 1, [Msg("user", "from b", 1)], "u1", False, ["in-1", "in-2"]))
+    assert sorted(r is None for r in results) == [False, True]
+    [began] = [r for r in results if r is not None]
+    assert await b.history(conv.id, 1) == began
+    assert await a.unprocessed_inbound() == []
+    last = await b.last_turn(conv.id, 1)
+    assert last is not None and (last.turn, last.status) == (1, "running")

@@ -1,0 +1,148 @@
+"""Lanes across workers: the same interface as `bot.lanes.Lanes`, backed by the cluster's
+task queue. `put` queues a job locked on the conversation (the queue keeps one
+conversation's jobs in order, one at a time, on whichever worker takes them); the turn
+that runs here is announced to the others, so a Cancel received by any worker reaches
+it. Work that must wait (a scheduled run while a human decides) comes back a little
+later as a job of its own rather than waiting in this worker's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any, Generic, TypeVar
+
+from bot.cluster import Cluster, conv_of
+from bot.events import ConvKey
+from bot.lanes import Lanes
+
+log = logging.getLogger(__name__)
+W = TypeVar("W")
+PARKED_AGAIN_S = 5.0
+"""A parked item is offered again after this long."""
+
+
+class ClusterLanes(Lanes[W], Generic[W]):
+    shared = True
+
+    def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]],
+                 cluster: Cluster) -> None:
+        super().__init__(handle)
+        self.cluster = cluster
+        cluster.handle = self._job
+        cluster.on_signal = self._on_signal
+        self._remote: dict[ConvKey, int] = {}
+        """Turns running on other workers, as they announced them."""
+        self._here: dict[ConvKey, int] = {}
+        """Jobs running on this worker, per conversation."""
+        self._deferring: set[asyncio.Task[None]] = set()
+        self._jobs: set[asyncio.Future[Any]] = set()
+
+    # -- queueing -------------------------------------------------------------------------
+
+    def put(self, key: ConvKey, item: W) -> None:
+        if self.closing:
+            return
+        self._later(self.cluster.defer(item))
+
+    async def submit(self, key: ConvKey, item: W) -> None:
+        """Queue `item` before returning (inbound keeps its platform's order)."""
+        if not self.closing:
+            await self.cluster.defer(item)
+
+    def park(self, key: ConvKey, item: W) -> None:
+        self._later(self.cluster.defer(item, at=time.time() + PARKED_AGAIN_S))
+
+    def unpark(self, key: ConvKey) -> None:
+        """Nothing is held here: parked work is queued again on its own."""
+
+    def expire_at(self, item: W, at: float) -> None:
+        """Queue an approval's expiry for its time (it survives this worker)."""
+        self._later(self.cluster.defer(item, at=at))
+
+    def _later(self, defer: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await defer
+            except Exception:
+                log.error("cluster: could not queue work", exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._deferring.add(task)
+        task.add_done_callback(self._deferring.discard)
+
+    async def _job(self, item: Any) -> None:
+        key: ConvKey = item.conv
+        if self.closing:  # this worker stops: another one takes it
+            await self.cluster.defer(item)
+            return
+        self._here[key] = self._here.get(key, 0) + 1
+        job = asyncio.ensure_future(self._handle(key, [item]))
+        self._jobs.add(job)
+        try:
+            await asyncio.shield(job)
+        finally:
+            self._jobs.discard(job)
+            self._here[key] -= 1
+            if not self._here[key]:
+                del self._here[key]
+                lane = self._lanes.get(key)
+                if lane is not None and lane.cancel is None:
+                    del self._lanes[key]
+
+    # -- the running turn ---------------------------------------------------------------
+
+    def begin(self, key: ConvKey, turn: int) -> asyncio.Event:
+        event = super().begin(key, turn)
+        self.cluster.signal({"kind": "running", "conv": asdict(key), "turn": turn})
+        return event
+
+    def end(self, key: ConvKey) -> None:
+        super().end(key)
+        self.cluster.signal({"kind": "ended", "conv": asdict(key)})
+
+    def cancel(self, key: ConvKey, turn: int | None) -> bool:
+        if super().cancel(key, turn):
+            return True
+        running = self._remote.get(key)
+        if running is None or turn not in (None, running):
+            return False
+        self.cluster.signal({"kind": "cancel", "conv": asdict(key), "turn": turn})
+        return True
+
+    def _on_signal(self, message: dict[str, Any]) -> None:
+        key = conv_of(message)
+        if key is None:
+            return
+        match message.get("kind"):
+            case "running":
+                self._remote[key] = int(message.get("turn") or 0)
+            case "ended":
+                self._remote.pop(key, None)
+            case "cancel":
+                super().cancel(key, message.get("turn"))
+
+    def running(self, key: ConvKey) -> bool:
+        return super().running(key) or key in self._remote
+
+    def busy(self, key: ConvKey) -> bool:
+        return key in self._here
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def idle(self) -> None:
+        while self._deferring or self._jobs:
+            await asyncio.wait([*self._deferring, *self._jobs])
+
+    async def close(self) -> None:
+        """Stop taking work; turns running here are cancelled and waited for (10 s)."""
+        self.closing = True
+        for lane in self._lanes.values():
+            if lane.cancel is not None:
+                lane.cancel.set()
+        pending = [*self._deferring, *self._jobs]
+        if pending:
+            await asyncio.wait(pending, timeout=10)

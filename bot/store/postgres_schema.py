@@ -1,0 +1,79 @@
+"""The PostgreSQL schema as versioned migrations (`schema_version` has a row per one applied).
+
+PostgreSQL starts at its own v1 in the shape of SQLite's v4: there is no history to
+replay. Where SQLite orders by its implicit rowid, the table here has `seq BIGSERIAL`
+(creation order, also the tie-break after a time column). Times are epoch seconds in
+DOUBLE PRECISION; tool calls and media stay JSON in TEXT, as in SQLite; only `messages`
+references `conversations`, as in SQLite.
+
+Each script runs whole (psycopg sends a script without parameters as one query), and
+every pending one runs in the same transaction, which holds the advisory lock `LOCK_KEY`.
+"""
+
+from __future__ import annotations
+
+LOCK_KEY = 0x74616E64656D
+"""The advisory lock that migrations hold ("tandem" in ASCII), so workers migrate once."""
+
+VERSION_TABLE = ("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+                 " applied_at DOUBLE PRECISION NOT NULL)")
+
+TABLES = ("schema_version", "conversations", "messages", "turns", "tool_calls", "approvals",
+          "rules", "inbound", "jobs", "processes", "summaries")
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE conversations (
+        id BIGSERIAL PRIMARY KEY, platform TEXT NOT NULL, chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '', session INTEGER NOT NULL DEFAULT 1,
+        prompt_tokens BIGINT NOT NULL DEFAULT 0, completion_tokens BIGINT NOT NULL DEFAULT 0,
+        cost DOUBLE PRECISION NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL,
+        UNIQUE (platform, chat_id, thread_id));
+    CREATE TABLE messages (
+        id BIGSERIAL PRIMARY KEY, conv_id BIGINT NOT NULL REFERENCES conversations(id),
+        session INTEGER NOT NULL, turn INTEGER NOT NULL, role TEXT NOT NULL,
+        content TEXT NOT NULL, tool_calls TEXT, tool_call_id TEXT, name TEXT, media TEXT,
+        created_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX messages_by_conv ON messages (conv_id, session, id);
+    CREATE TABLE turns (
+        conv_id BIGINT NOT NULL, session INTEGER NOT NULL, turn INTEGER NOT NULL,
+        status TEXT NOT NULL, steps INTEGER NOT NULL DEFAULT 0, requester TEXT NOT NULL,
+        unattended BOOLEAN NOT NULL DEFAULT FALSE, reason TEXT,
+        started_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (conv_id, session, turn));
+    CREATE INDEX turns_open ON turns (status) WHERE status <> 'done';
+    CREATE TABLE tool_calls (
+        conv_id BIGINT NOT NULL, session INTEGER NOT NULL, call_id TEXT NOT NULL,
+        turn INTEGER NOT NULL, name TEXT NOT NULL, arguments TEXT NOT NULL,
+        state TEXT NOT NULL, outcome TEXT, updated_at DOUBLE PRECISION NOT NULL,
+        seq BIGSERIAL NOT NULL, PRIMARY KEY (conv_id, session, call_id));
+    CREATE INDEX tool_calls_by_turn ON tool_calls (conv_id, session, turn, seq);
+    CREATE INDEX tool_calls_by_session ON tool_calls (conv_id, session, seq);
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY, conv_id BIGINT NOT NULL, session INTEGER NOT NULL,
+        call_id TEXT NOT NULL, tool TEXT NOT NULL, summary TEXT NOT NULL,
+        requester TEXT NOT NULL, status TEXT NOT NULL, decided_by TEXT,
+        created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
+        seq BIGSERIAL NOT NULL);
+    CREATE INDEX approvals_pending ON approvals (status, conv_id);
+    CREATE INDEX approvals_by_call ON approvals (conv_id, session, call_id);
+    CREATE TABLE rules (
+        id TEXT PRIMARY KEY, conv_id BIGINT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, seq BIGSERIAL NOT NULL,
+        UNIQUE (conv_id, tool, key));
+    CREATE TABLE inbound (
+        ref TEXT PRIMARY KEY, conv TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+        done BOOLEAN NOT NULL DEFAULT FALSE, received_at DOUBLE PRECISION NOT NULL,
+        seq BIGSERIAL NOT NULL);
+    CREATE INDEX inbound_open ON inbound (received_at, seq) WHERE NOT done;
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY, conv_id BIGINT NOT NULL, spec TEXT NOT NULL, kind TEXT NOT NULL,
+        anchor DOUBLE PRECISION NOT NULL, prompt TEXT NOT NULL, created_by TEXT NOT NULL,
+        last_slot DOUBLE PRECISION, active BOOLEAN NOT NULL DEFAULT TRUE,
+        created_at DOUBLE PRECISION NOT NULL, seq BIGSERIAL NOT NULL);
+    CREATE TABLE processes (pid BIGINT PRIMARY KEY, started_at DOUBLE PRECISION NOT NULL);
+    CREATE TABLE summaries (
+        conv_id BIGINT NOT NULL, session INTEGER NOT NULL, through_id BIGINT NOT NULL,
+        text TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (conv_id, session));
+    """,
+]

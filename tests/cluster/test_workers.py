@@ -1,0 +1,194 @@
+"""Several workers on one PostgreSQL database, in one process: each is a hub with its own
+cluster runtime (task queue worker, LISTEN connection, leader election) on a fresh
+database of the machine's PostgreSQL. A conversation's items run one at a time and in
+order whichever worker takes them, a Cancel given to one worker stops the turn another
+runs, and a press given to one resumes a turn another suspended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from bot.app import build
+from bot.cluster import Cluster
+from bot.config import Config
+from bot.events import (
+    ApprovalRequested,
+    Cancel,
+    ConvKey,
+    Decision,
+    Event,
+    TurnEnded,
+    TurnStarted,
+    User,
+    UserMessage,
+    Verdict,
+)
+from bot.hub import Hub
+from tests.conftest import said
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.pg import database
+
+ANN = User("u1", "Ann")
+
+
+@dataclass
+class Worker:
+    hub: Hub
+    cluster: Cluster
+
+
+class Shared:
+    """Every worker's events in the order they were sent (what the chats would show),
+    each with the number of the worker that sent it."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self.log: list[tuple[int, Event]] = []
+
+    def sink(self, worker: int) -> Any:
+        shared = self
+
+        class Sink:
+            async def emit(self, event: Event) -> None:
+                shared.log.append((worker, event))
+
+        return Sink()
+
+    def events(self) -> list[tuple[int, Event]]:
+        return list(self.log)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [e for _, e in self.events() if isinstance(e, kind)]
+
+    async def wait(self, predicate: Callable[[], Any], timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (found := predicate()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; events: {self.events()[-12:]}")
+            await asyncio.sleep(0.02)
+        return found
+
+
+@asynccontextmanager
+async def cluster_of(n: int, config: Config) -> AsyncIterator[Shared]:
+    shared = Shared()
+    try:
+        for i in range(n):
+            assert config.store.url is not None
+            cluster = Cluster(config.store.url, concurrency=4)
+            hub, dispatch = build(config, cluster=cluster)
+            dispatch.sinks["console"] = shared.sink(i)
+            await hub.d.store.open()
+            await cluster.start()
+            shared.workers.append(Worker(hub, cluster))
+        yield shared
+    finally:
+        for w in shared.workers:
+            await w.hub.close()
+            await w.cluster.close()
+            await w.hub.d.store.close()
+
+
+@pytest.fixture
+def pg_url() -> Any:
+    with database() as url:
+        yield url
+
+
+def echo(messages: list[dict[str, Any]]) -> Reply:
+    return Reply(text="echo " + said(messages)[-1].split("] ", 1)[-1])
+
+
+async def test_each_conversation_in_order_once_across_workers(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.responder = echo
+    config = config_factory(store__url=pg_url)
+    convs = [ConvKey("console", f"c{i}") for i in range(8)]
+    async with cluster_of(2, config) as shared:
+        for n in range(3):
+            for i, key in enumerate(convs):
+                hub = shared.workers[(i + n) % 2].hub  # messages arrive at either worker
+                await hub.submit(UserMessage(key, ANN, f"{key.chat_id} #{n}",
+                                             ref=f"console:{key.chat_id}:{n}"))
+        await shared.wait(lambda: len(shared.of(TurnEnded)) >= 24)
+        await asyncio.sleep(0.5)  # nothing more may come
+        ended = shared.of(TurnEnded)
+        ran_on = {i for i, e in shared.events() if isinstance(e, TurnStarted)}
+    assert len(ended) == 24
+    for key in convs:
+        texts = [e.text for e in ended if e.conv == key]
+        assert texts == [f"echo {key.chat_id} #{n}" for n in range(3)], texts
+    assert ran_on == {0, 1}  # the work was shared
+
+
+async def test_a_redelivered_message_is_answered_once_whichever_worker_gets_it(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.responder = echo
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "dup")
+    async with cluster_of(2, config) as shared:
+        for w in shared.workers:
+            await w.hub.submit(UserMessage(key, ANN, "once", ref="console:dup:1"))
+        await shared.wait(lambda: shared.of(TurnEnded))
+        await asyncio.sleep(1.0)
+        assert [e.text for e in shared.of(TurnEnded)] == ["echo once"]
+
+
+async def test_cancel_given_to_another_worker_stops_the_turn_within_a_second(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.script(Reply(text="slow " * 400, chunk_size=2, chunk_delay=0.02))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "cancel")
+    async with cluster_of(2, config) as shared:
+        await shared.workers[0].hub.submit(UserMessage(key, ANN, "talk", ref="console:c:1"))
+        [(where, started)] = await shared.wait(
+            lambda: [(i, e) for i, e in shared.events() if isinstance(e, TurnStarted)])
+        other = shared.workers[1 - where].hub
+        await shared.wait(lambda: other.running(key), timeout=5)  # it heard "running"
+        pressed = time.monotonic()
+        receipt = other.cancel(Cancel(key, ANN, ref="console:c:2", turn=started.turn))
+        assert receipt.accepted and receipt.note == "Cancelling…"
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
+        took = time.monotonic() - pressed
+    assert ended.reason == "cancelled" and took < 1.0, (ended, took)
+
+
+async def test_a_press_on_another_worker_resumes_the_turn(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo hi"})]),
+                 Reply(text="It printed hi."))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "press")
+    async with cluster_of(2, config) as shared:
+        await shared.workers[0].hub.submit(UserMessage(key, ANN, "run it", ref="console:p:1"))
+        [(where, card)] = await shared.wait(
+            lambda: [(i, e) for i, e in shared.events() if isinstance(e, ApprovalRequested)])
+        other = shared.workers[1 - where].hub
+        receipt = await other.submit(Decision(key, ANN, card.approval_id, Verdict.APPROVE,
+                                              ref="console:p:2"))
+        assert receipt.accepted, receipt
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
+    assert ended.text == "It printed hi."
+    results = [m["content"] for m in model.last_messages() if m["role"] == "tool"]
+    assert results and "hi" in results[0]
+
+
+async def test_status_names_the_backend_the_workers_and_the_queue(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    from bot.events import Command, Notice
+
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "status")
+    async with cluster_of(2, config) as shared:
+        await shared.wait(lambda: any(w.cluster.leader for w in shared.workers), timeout=10)
+        await asyncio.sleep(1.5)  # both heartbeats are in
+        await shared.workers[1].hub.submit(Command(key, ANN, "status", ref="console:s:1"))
+        [notice] = await shared.wait(lambda: shared.of(Notice))
+    assert "Store: PostgreSQL, 2 workers alive, 1 jobs queued or running" in notice.text
