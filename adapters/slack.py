@@ -758,12 +758,25 @@ class SlackAdapter:
         for blocks in card.preamble:
             await self._post_blocks(event.conv, f"The `{event.tool}` call, in full", blocks)
         resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])
-        _remember(self._cards, event.approval_id,
-                  (str(resp["channel"]), str(resp["ts"]), card.blocks))
+        where = (str(resp["channel"]), str(resp["ts"]), card.blocks)
+        _remember(self._cards, event.approval_id, where)
+        await self.hub.remember_card(event.approval_id, {
+            "channel": where[0], "ts": where[1], "blocks": where[2]})
+
+    async def _known_card(self, approval_id: str) -> tuple[str, str, list[Any]] | None:
+        """The card of `approval_id`: posted here, else where the store says (another
+        worker, or this one before a restart, posted it)."""
+        card = self._cards.pop(approval_id, None)
+        if card is not None:
+            return card
+        found = await self.hub.card_of(approval_id)
+        if found is None or not isinstance(found.get("blocks"), list):
+            return None
+        return str(found.get("channel")), str(found.get("ts")), found["blocks"]
 
     async def _resolved(self, event: ApprovalResolved) -> None:
         line = render.outcome_line(event.outcome, event.by)
-        card = self._cards.pop(event.approval_id, None)
+        card = await self._known_card(event.approval_id)
         if card is not None:
             channel, ts, blocks = card
             try:

@@ -11,7 +11,9 @@ one `LiveMessage` per turn, at most one edit per second per chat; Markdown goes 
 Telegram HTML. Typing shows after `typing_delay`, the placeholder after
 `placeholder_delay`: a quick answer arrives as one message rather than a placeholder and
 an edit. The Bot API calls themselves (flood holds, edit pacing, the plain-text fallback,
-the aiohttp transport) are in `adapters.telegram_api`.
+the aiohttp transport) are in `adapters.telegram_api`. Updates come by long polling, or
+in webhook mode (`telegram.mode`) from `adapters.telegram_webhook`; with `poll` false a
+polling-mode adapter only sends (another worker, the elected one, polls).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from adapters.live import (
 )
 from adapters.telegram_api import AiohttpRequest, BotApi, Posted
 from adapters.telegram_files import MEDIA, TelegramFiles, attachments
+from adapters.telegram_webhook import ALLOWED_UPDATES, WebhookServer
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
@@ -116,7 +119,7 @@ def _where(conv: ConvKey) -> tuple[int, int | None]:
 class TelegramAdapter:
     def __init__(self, config: Config, hub: Hub, *, min_edit_interval: float = 1.0,
                  placeholder_delay: float = 0.5, typing_delay: float = 0.2,
-                 typing_interval: float = 4.0) -> None:
+                 typing_interval: float = 4.0, poll: bool = True) -> None:
         tg = config.telegram
         if not tg.token:
             raise ConfigError("telegram.token", "is required when telegram.enabled is true")
@@ -138,6 +141,11 @@ class TelegramAdapter:
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_error)
         self.username, self.bot_id = "", 0
+        self.poll = poll
+        """Polling mode: fetch updates; false sends only (another worker polls)."""
+        self.url: str | None = None
+        """Webhook mode: the endpoint as bound (port 0 picks a free port)."""
+        self._webhook: WebhookServer | None = None
         self._running = False
         self._turns: dict[ConvKey, _Turn] = {}
         self._cards: dict[str, _Card] = {}
@@ -161,6 +169,8 @@ class TelegramAdapter:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.telegram.mode == "webhook":  # its settings checked before any call
+            self._webhook = WebhookServer(self.app, self.config.telegram.webhook)
         try:
             await self.app.initialize()  # getMe
         except InvalidToken:
@@ -175,11 +185,31 @@ class TelegramAdapter:
             log.warning("telegram.allowed_users is empty: Tandem answers nobody on Telegram")
         assert self.app.updater is not None
         self._running = True  # before the first update can be handled
-        await self.app.updater.start_polling(allowed_updates=["message", "callback_query"])
+        if self._webhook is not None:
+            await self.app.start()
+            await self._webhook.start()
+            self.url = self._webhook.url
+            log.info("Telegram: receiving updates on %s as @%s", self.url, self.username)
+            return
+        if self.poll:
+            await self.start_polling()
         await self.app.start()
-        log.info("Telegram: polling as @%s", self.username)
+        log.info("Telegram: %s as @%s", "polling" if self.poll else "sending only",
+                 self.username)
+
+    async def start_polling(self) -> None:
+        """Polling mode: begin polling (as the worker just elected to), if not already;
+        in webhook mode there is nothing to do (every worker receives)."""
+        if self._webhook is not None or self.config.telegram.mode == "webhook":
+            return
+        assert self.app.updater is not None
+        if not self.app.updater.running:
+            self.poll = True
+            await self.app.updater.start_polling(allowed_updates=ALLOWED_UPDATES)
 
     async def stop(self) -> None:
+        if self._webhook is not None:
+            await self._webhook.stop()  # no new updates; the webhook stays set
         if self.app.updater is not None and self.app.updater.running:
             await self.app.updater.stop()  # confirms every fetched update
         if self.app.running:
@@ -485,11 +515,24 @@ class TelegramAdapter:
         message = await self.api.send(chat, thread, card, render.plain(card),
                                       [ids[:2], ids[2:]], reply_to)
         self._cards[event.approval_id] = _Card(chat, message.message_id, card)
+        await self.hub.remember_card(event.approval_id, {
+            "chat": chat, "message_id": message.message_id, "html": card})
+
+    async def _known_card(self, approval_id: str) -> _Card | None:
+        """The card of `approval_id`: posted here, else where the store says (another
+        worker, or this one before a restart, posted it)."""
+        card = self._cards.pop(approval_id, None)
+        if card is not None:
+            return card
+        found = await self.hub.card_of(approval_id)
+        if found is None or not isinstance(found.get("message_id"), int):
+            return None
+        return _Card(int(found.get("chat") or 0), found["message_id"], str(found.get("html")))
 
     async def _approval_resolved(self, event: ApprovalResolved) -> None:
         by = (event.by.name or event.by.id) if event.by is not None else None
         line = render.outcome_line(event.outcome, by)
-        card = self._cards.pop(event.approval_id, None)
+        card = await self._known_card(event.approval_id)
         if card is not None and await self._show_outcome(card, line):
             return
         if card is None:  # a press may show where it is later

@@ -9,8 +9,9 @@ approval state.
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.access import Access
 from bot.events import (
@@ -97,6 +98,21 @@ class Hub:
             return Receipt(True, "Cancelling…")
         self.lanes.put(item.conv, item)  # a turn waiting for a human, or nothing at all
         return Receipt(True)
+
+    # -- where cards are (any worker may resolve an approval) -----------------------------
+
+    async def remember_card(self, approval_id: str, where: dict[str, Any]) -> None:
+        """Keep where the approval's card was posted (platform-specific fields)."""
+        await self.d.store.set_card(approval_id, json.dumps(where))
+
+    async def card_of(self, approval_id: str) -> dict[str, Any] | None:
+        """Where the approval's card was posted, as `remember_card` was told."""
+        raw = await self.d.store.card(approval_id)
+        try:
+            found = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
 
     def deliver(self, item: Inbound) -> None:
         """Queue an inbound whose id is already recorded (scheduled runs)."""

@@ -83,6 +83,8 @@ async def _serve(config: Config, chat: bool) -> int:
         # which the GIL would share with the import, delaying readiness for no gain.
         llm.preload()
         for platform in platforms:
+            if cluster is not None and hasattr(platform, "poll"):
+                platform.poll = False  # a platform that polls: only the leader does
             await platform.start()
         if not names:
             console = load_platform("console").create(config, hub, dispatch)
@@ -91,7 +93,7 @@ async def _serve(config: Config, chat: bool) -> int:
             hub.d.mcp.start()  # in the background: its tools join when each server is up
             await console.run()
         elif cluster is not None:
-            cluster.on_leader = functools.partial(_lead, hub)
+            cluster.on_leader = functools.partial(_lead, hub, platforms)
             await cluster.start()
             hub.d.mcp.start()
             await _wait_for_signal()
@@ -129,8 +131,13 @@ def load_platform(name: str) -> PlatformModule:
     return module
 
 
-async def _lead(hub: Hub) -> None:
-    """This worker leads: it computes the schedule, taking up others' changes."""
+async def _lead(hub: Hub, platforms: list[Platform]) -> None:
+    """This worker leads: it polls the platforms that poll (Telegram allows one poller)
+    and computes the schedule, taking up others' changes."""
+    for platform in platforms:
+        start_polling = getattr(platform, "start_polling", None)
+        if start_polling is not None and getattr(platform, "poll", True) is False:
+            await start_polling()
     await hub.scheduler.start()
 
     async def keep_in_step() -> None:

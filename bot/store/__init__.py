@@ -179,6 +179,10 @@ class Store(Protocol):
     async def decide(self, approval_id: str, status: str, by: str | None) -> bool:
         """Move a pending approval to `status`; False when it was already decided."""
     async def pending_approvals(self, conv_id: int | None = None) -> list[ApprovalRow]: ...
+    async def set_card(self, approval_id: str, card: str) -> None:
+        """Where the approval's card was posted (the platform's own JSON), so whichever
+        process resolves the approval can edit that card."""
+    async def card(self, approval_id: str) -> str | None: ...
 
     # -- rules
     async def add_rule(self, conv_id: int, tool: str, key: str) -> None: ...

@@ -262,6 +262,13 @@ class PostgresStore(PostgresStanding):
         return await self._count("UPDATE approvals SET status=%s, decided_by=%s WHERE id=%s"
                                  " AND status='pending'", (status, by, approval_id)) == 1
 
+    async def set_card(self, approval_id: str, card: str) -> None:
+        await self._count("UPDATE approvals SET card=%s WHERE id=%s", (card, approval_id))
+
+    async def card(self, approval_id: str) -> str | None:
+        row = await self._row("SELECT card FROM approvals WHERE id=%s", (approval_id,))
+        return row[0] if row else None
+
     async def pending_approvals(self, conv_id: int | None = None) -> list[ApprovalRow]:
         sql = f"SELECT {_APPROVAL_COLS} FROM approvals WHERE status='pending'"
         args: tuple[Any, ...] = ()

@@ -76,4 +76,8 @@ MIGRATIONS: list[str] = [
         text TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (conv_id, session));
     """,
+    # v2: where each approval's card was posted (any worker may edit it)
+    """
+    ALTER TABLE approvals ADD COLUMN card TEXT;
+    """,
 ]

@@ -297,6 +297,17 @@ class SQLiteStore(SQLiteStanding):
 
         return await self._run(fn)
 
+    async def set_card(self, approval_id: str, card: str) -> None:
+        await self._run(lambda db: db.execute("UPDATE approvals SET card=? WHERE id=?",
+                                              (card, approval_id)))
+
+    async def card(self, approval_id: str) -> str | None:
+        def fn(db: sqlite3.Connection) -> str | None:
+            row = db.execute("SELECT card FROM approvals WHERE id=?", (approval_id,)).fetchone()
+            return row[0] if row else None
+
+        return await self._run(fn)
+
     async def pending_approvals(self, conv_id: int | None = None) -> list[ApprovalRow]:
         def fn(db: sqlite3.Connection) -> list[ApprovalRow]:
             sql = f"SELECT {self._APPROVAL_COLS} FROM approvals WHERE status='pending'"

@@ -113,4 +113,8 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE messages ADD COLUMN media TEXT;
     """,
+    # v5: where each approval's card was posted (any process may edit it)
+    """
+    ALTER TABLE approvals ADD COLUMN card TEXT;
+    """,
 ]

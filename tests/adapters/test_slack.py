@@ -570,8 +570,11 @@ async def test_a_press_after_a_restart(rig: Rig, model: FakeModelServer, tmp_pat
     await rig.wait_text("C1", "Ran after the restart.", thread=root["ts"])
     await rig.settle()
     assert (tmp_path / "workspace" / "r.txt").read_text() == "after\n"
-    # The new process did not know the card: it says so in the thread instead.
-    assert any("✅ Approved by <@U1>" in t for t in rig.texts("C1", root["ts"])), rig.fake.dump()
+    # The new process finds the card in the store and edits it: the outcome, no buttons.
+    edited = rig.fake.message("C1", card.ts)
+    assert edited is not None and "✅ Approved by <@U1>" in str(edited.blocks), rig.fake.dump()
+    assert not buttons(edited)
+    assert not any("✅ Approved" in t for t in rig.texts("C1", root["ts"]))
 
 
 async def test_a_long_command_is_never_truncated_on_the_card(rig: Rig, model: FakeModelServer,

@@ -460,7 +460,8 @@ async def test_a_press_from_another_chat_after_a_restart_edits_nothing(
 async def test_a_press_on_another_message_after_a_restart_never_edits_it(
         tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
     # The requester's own press in the right chat counts, but the message pressed is not
-    # the card: the outcome goes out as a line of its own.
+    # the card: that message is left alone, and the real card (found in the store) shows
+    # the outcome.
     model.script(Reply(text="Hello there."), Reply(tool_calls=[ECHO]), Reply(text="Done."))
     async with rig(tmp_path, model, fake) as first:
         fake.push_message(ANN, ANN, "hello")
@@ -473,11 +474,12 @@ async def test_a_press_on_another_message_after_a_restart_never_edits_it(
         fake.push_callback(ANN, ANN, other.message_id,
                            pack(ApprovalButton(approval_id, Verdict.APPROVE)), forged=True)
         await second.answered(ANN, "Done.")
-        await second.until(lambda: "✅ Approved by Ann" in fake.bot_texts(ANN))
+        await second.until(lambda: "✅ Approved by Ann" in
+                           fake.message(ANN, card.message_id).text)
         await second.hub.idle()
     shown = fake.message(ANN, other.message_id)
     assert (shown.text, shown.reply_markup, shown.edits) == before
-    assert fake.message(ANN, card.message_id).text == card.text
+    assert not fake.message(ANN, card.message_id).reply_markup  # its buttons are gone
     assert (second.workspace / "out.txt").exists()
     assert model.violations == []
 

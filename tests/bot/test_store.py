@@ -499,6 +499,19 @@ async def test_approvals(store: Store) -> None:
     assert await store.pending_approvals(other.id) == [elsewhere]
 
 
+async def test_a_card_is_found_by_its_approval_from_any_store(store: Store) -> None:
+    conv = await store.conversation(KEY)
+    row = approval(conv, "call_0")
+    await store.add_approval(row)
+    assert await store.card(row.id) is None
+    await store.set_card(row.id, '{"chat": 42, "message_id": 7}')
+    assert await store.card(row.id) == '{"chat": 42, "message_id": 7}'
+    await store.decide(row.id, "approved", "ann")
+    assert await store.card(row.id) == '{"chat": 42, "message_id": 7}'  # kept after
+    assert await store.approval(row.id) is not None
+    assert await store.card("missing") is None
+
+
 async def test_decide_is_idempotent(store: Store) -> None:
     conv = await store.conversation(KEY)
     row = approval(conv, "call_0")
@@ -730,7 +743,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     store = open_store(str(path))
     await store.open()
     try:
-        assert user_version(path) == 4
+        assert user_version(path) == 5
         assert await store.integrity_check() == "ok"
         alice = await store.conversation(ConvKey("console", "alice"))
         assert (alice.id, alice.session, alice.prompt_tokens, alice.cost) == (1, 2, 30, 0.5)
@@ -798,18 +811,18 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     again = open_store(str(path))
     await again.open()
     try:
-        assert user_version(path) == 4
+        assert user_version(path) == 5
         assert len(await again.history(1, 1)) == 6
     finally:
         await again.close()
 
 
-async def test_a_fresh_database_is_v4(tmp_path: Path) -> None:
+async def test_a_fresh_database_is_current(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
     store = open_store(str(path))
     await store.open()
     await store.close()
-    assert user_version(path) == 4
+    assert user_version(path) == 5
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}

@@ -55,6 +55,30 @@ long polls.  Behaviour worth knowing when writing tests:
   over 10 MB, with bad dimensions or undecodable; any upload over 50 MB gets 413.
   :meth:`FakeTelegram.uploads` and :meth:`FakeTelegram.downloads` report both ways.
 * Times (:attr:`Call.time`, chat actions) come from :func:`time.monotonic`.
+
+Webhooks, as Telegram runs them:
+
+* ``setWebhook`` takes an ``https://`` URL on port 443, 80, 88 or 8443; plain
+  ``http://`` (any port) only on a loopback host, as a local Bot API server allows.
+  ``secret_token`` is 1-256 characters of ``A-Za-z0-9_-``; ``allowed_updates`` is the
+  bot's one setting, shared with ``getUpdates``.  An empty ``url`` removes the webhook,
+  as ``deleteWebhook`` does; ``drop_pending_updates`` empties the queue in both.
+* While a webhook is set, ``getUpdates`` gets 409 (:data:`WEBHOOK_CONFLICT`), a long
+  poll already waiting too.
+* Queued updates are POSTed as JSON to the webhook, with the
+  ``X-Telegram-Bot-Api-Secret-Token`` header when a secret is set: one at a time, in
+  order, each waiting for its answer.  An update leaves the queue on a 2xx answer;
+  any other answer, a connection error or no answer within ``webhook_timeout`` is
+  recorded (``getWebhookInfo``'s ``last_error_date``/``last_error_message``, in
+  Telegram's wording) and the same update is tried again after ``webhook_retry``
+  (seconds, doubling up to the second value).  Telegram gives up on an update after
+  a while; the fake never does.  Every attempt is in :attr:`FakeTelegram.deliveries`.
+* :attr:`FakeTelegram.webhook_targets` plays a load balancer: when it is a list, the
+  deliveries go to its URLs in turn (each attempt to the next one, so a retry goes
+  to another target); an empty list holds them.  The webhook URL is still what
+  ``getWebhookInfo`` shows.  :meth:`FakeTelegram.lose_webhook_answers` makes the next
+  deliveries arrive but count as failed, as when a proxy times out: the update comes
+  again.  Deliveries stop on :meth:`FakeTelegram.close`.
 """
 
 from __future__ import annotations
@@ -71,10 +95,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, TypedDict, Unpack
+from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
 from PIL import Image
 
@@ -105,6 +132,14 @@ CONFLICT = (
     "Conflict: terminated by other getUpdates request; "
     "make sure that only one bot instance is running"
 )
+WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; "
+    "use deleteWebhook to delete the webhook first"
+)
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+WEBHOOK_PORTS = frozenset({443, 80, 88, 8443})
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_SECRET_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 CHAT_ACTIONS = frozenset(
     {
@@ -191,6 +226,7 @@ NUMBER_PARAMS = frozenset(
         "cache_time",
         "reply_to_message_id",
         "user_id",
+        "max_connections",
     }
 )
 BOOL_PARAMS = frozenset(
@@ -262,6 +298,21 @@ class Call:
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One POST of an update to a webhook; ``status`` is 0 when no HTTP answer came."""
+
+    update_id: int
+    url: str
+    status: int
+    error: str | None  # Telegram's last_error_message for a failed attempt
+    time: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 @dataclass(frozen=True)
@@ -1101,6 +1152,11 @@ class FakeTelegram:
     of N seconds during which every send and edit to that chat gets 429 too, with
     the seconds left.  ``send_interval`` (off when 0) applies the same rule to
     sendMessage/sendDocument/sendPhoto.
+
+    Webhooks (see the module docstring): ``webhook_targets`` stands for a load balancer
+    (None: deliver to the URL setWebhook gave), ``webhook_retry`` is the first and the
+    longest pause before a failed delivery is tried again, ``webhook_timeout`` how long
+    a delivery waits for its answer.
     """
 
     def __init__(
@@ -1113,6 +1169,9 @@ class FakeTelegram:
         retry_after: int = 1,
         flood: bool = True,
         send_interval: float = 0.0,
+        webhook_targets: list[str] | None = None,
+        webhook_retry: tuple[float, float] = (0.2, 2.0),
+        webhook_timeout: float = 10.0,
     ) -> None:
         if retry_after < 1:
             raise ValueError("retry_after must be at least 1 (PTB ignores a zero retry_after)")
@@ -1160,8 +1219,19 @@ class FakeTelegram:
         self._signal = _Signal()
         self._closing = False
         self._runner: web.AppRunner | None = None
+        self.webhook_retry = webhook_retry
+        self.webhook_timeout = webhook_timeout
+        self.deliveries: list[Delivery] = []
+        """Every attempt to deliver an update to a webhook, oldest first."""
+        self._webhook_targets = list(webhook_targets) if webhook_targets is not None else None
+        self._webhook: JSONDict | None = None
+        self._webhook_error: tuple[int, str] | None = None
+        self._webhook_task: asyncio.Task[None] | None = None
+        self._target_turn = 0
+        self._lost_answers = 0
         handlers: dict[str, Handler] = {
             "getMe": self._get_me,
+            "setWebhook": self._set_webhook,
             "deleteWebhook": self._delete_webhook,
             "getWebhookInfo": self._get_webhook_info,
             "getUpdates": self._get_updates,
@@ -1198,6 +1268,7 @@ class FakeTelegram:
     async def close(self) -> None:
         self._closing = True
         self._signal.fire()
+        await self._stop_deliveries()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -1475,6 +1546,27 @@ class FakeTelegram:
     def calls_to(self, method: str) -> list[Call]:
         return [call for call in self.calls if call.method.lower() == method.lower()]
 
+    @property
+    def webhook(self) -> JSONDict | None:
+        """The webhook as set (url, secret_token, allowed_updates, max_connections), or None."""
+        return dict(self._webhook) if self._webhook is not None else None
+
+    @property
+    def webhook_targets(self) -> list[str] | None:
+        """Where deliveries go in turn (a load balancer); None: the webhook's URL."""
+        return self._webhook_targets
+
+    @webhook_targets.setter
+    def webhook_targets(self, targets: list[str] | None) -> None:
+        self._webhook_targets = list(targets) if targets is not None else None
+        self._signal.fire()  # held deliveries may go now
+
+    def lose_webhook_answers(self, times: int = 1) -> None:
+        """The next ``times`` deliveries reach their target, but their answer is lost on
+        the way back (as when a proxy times out): each counts as failed and the update
+        is delivered again."""
+        self._lost_answers += times
+
     def max_edit_rate(self, chat_id: int) -> int:
         """Most edit requests to the chat seen within any one-second window."""
         times = sorted(self._edit_times.get(chat_id, []))
@@ -1507,6 +1599,10 @@ class FakeTelegram:
                 f"  {call.method} -> {call.status or 'pending'}{note} {_short(call.params)}"
             )
         lines.append(f"unconfirmed updates: {self.pending_updates}")
+        if self._webhook is not None:
+            lines.append(f"webhook: {self._webhook['url']} targets={self._webhook_targets}")
+        for d in self.deliveries[-10:]:
+            lines.append(f"  delivery {d.update_id} -> {d.url}: {d.status} {d.error or ''}")
         for error in self.internal_errors:
             lines.append(f"FAKE SERVER ERROR: {error!r}")
         for chat_id, messages in self._messages.items():
@@ -1724,17 +1820,153 @@ class FakeTelegram:
     async def _get_me(self, params: JSONDict) -> JSONDict:
         return self.me
 
+    async def _set_webhook(self, params: JSONDict) -> bool:
+        url = str(params.get("url") or "")
+        if not url:  # "Use an empty string to remove webhook integration"
+            return await self._delete_webhook(params)
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            raise bad_request("bad webhook: invalid URL port") from None
+        local = parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+        if not local and (parts.scheme != "https" or not parts.hostname):
+            raise bad_request("bad webhook: An HTTPS URL must be provided for webhook")
+        if not local and (port or 443) not in WEBHOOK_PORTS:
+            raise bad_request(
+                "bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443"
+            )
+        secret = params.get("secret_token")
+        if secret not in (None, "") and not _SECRET_TOKEN.fullmatch(str(secret)):
+            raise bad_request("secret token contains unallowed characters")
+        allowed = params.get("allowed_updates")
+        if allowed is not None and not (
+            isinstance(allowed, list) and all(isinstance(a, str) for a in allowed)
+        ):
+            raise bad_request("can't parse allowed updates JSON object")
+        if allowed is not None:
+            self._allowed_updates = list(allowed) or None
+        if params.get("drop_pending_updates"):
+            self._updates.clear()
+        if self._webhook is None or self._webhook["url"] != url:
+            self._webhook_error = None
+        self._webhook = {
+            "url": url,
+            "secret_token": str(secret) if secret else None,
+            "allowed_updates": self._allowed_updates,
+            "max_connections": params.get("max_connections") or 40,
+        }
+        if self._webhook_task is None or self._webhook_task.done():
+            self._webhook_task = asyncio.get_running_loop().create_task(self._deliver())
+        self._signal.fire()  # a long poll still waiting gets its 409
+        return True
+
     async def _delete_webhook(self, params: JSONDict) -> bool:
         if params.get("drop_pending_updates"):
             self._updates.clear()
+        if self._webhook is not None:
+            self._webhook, self._webhook_error = None, None
+            await self._stop_deliveries()
         return True
 
     async def _get_webhook_info(self, params: JSONDict) -> JSONDict:
-        return {
-            "url": "",
+        info: JSONDict = {
+            "url": self._webhook["url"] if self._webhook else "",
             "has_custom_certificate": False,
             "pending_update_count": len(self._updates),
         }
+        if self._webhook is not None:
+            info["max_connections"] = self._webhook["max_connections"]
+            if self._webhook["allowed_updates"]:
+                info["allowed_updates"] = self._webhook["allowed_updates"]
+        if self._webhook_error is not None:
+            info["last_error_date"], info["last_error_message"] = self._webhook_error
+        return info
+
+    # ------------------------------------------------------------------ webhook delivery
+
+    async def _stop_deliveries(self) -> None:
+        task, self._webhook_task = self._webhook_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _next_target(self) -> str | None:
+        assert self._webhook is not None
+        targets = self._webhook_targets
+        if targets is None:
+            return str(self._webhook["url"])
+        if not targets:
+            return None
+        self._target_turn += 1
+        return targets[(self._target_turn - 1) % len(targets)]
+
+    def _next_delivery(self) -> JSONDict | None:
+        """The oldest queued update of an allowed type; older ones of other types go."""
+        allowed = self._allowed_updates
+        while self._updates:
+            update = self._updates[0]
+            if not allowed or any(kind in update for kind in allowed):
+                return update
+            self._updates.pop(0)  # Telegram does not keep what the bot did not ask for
+        return None
+
+    async def _deliver(self) -> None:
+        """Deliver queued updates to the webhook one at a time, in order, until it is
+        deleted or the fake closes; a failed one is retried after a growing pause."""
+        first, longest = self.webhook_retry
+        pause = first
+        timeout = aiohttp.ClientTimeout(total=self.webhook_timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while self._webhook is not None and not self._closing:
+                event = self._signal.current()
+                update = self._next_delivery()
+                target = self._next_target() if update is not None else None
+                if update is None or target is None:
+                    await _wait_event(event, 1.0)
+                    continue
+                if await self._post_update(session, target, update):
+                    pause = first
+                    if self._updates and self._updates[0] is update:
+                        self._updates.pop(0)
+                else:
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, longest)
+                self._signal.fire()
+
+    async def _post_update(
+        self, session: aiohttp.ClientSession, url: str, update: JSONDict
+    ) -> bool:
+        assert self._webhook is not None
+        headers = {"Content-Type": "application/json"}
+        if self._webhook["secret_token"]:
+            headers[SECRET_HEADER] = self._webhook["secret_token"]
+        status, error = 0, None
+        try:
+            async with session.post(
+                url, data=json.dumps(update), headers=headers, allow_redirects=False
+            ) as response:
+                status = response.status
+                await response.read()
+        except TimeoutError:
+            error = "Read timeout expired"
+        except aiohttp.ClientConnectorError:
+            error = "Connection refused"
+        except aiohttp.ClientError as exc:
+            error = f"Connection failed: {type(exc).__name__}"
+        if error is None and not 200 <= status < 300:
+            try:
+                phrase = HTTPStatus(status).phrase
+            except ValueError:
+                phrase = "Unknown"
+            error = f"Wrong response from the webhook: {status} {phrase}"
+        if error is None and self._lost_answers > 0:
+            self._lost_answers -= 1
+            error = "Read timeout expired"
+        self.deliveries.append(Delivery(update["update_id"], url, status, error, time.monotonic()))
+        if error is not None:
+            self._webhook_error = (int(time.time()), error)
+        return error is None
 
     def _confirm(self, offset: int) -> None:
         if offset > 0:
@@ -1755,6 +1987,8 @@ class FakeTelegram:
             raise bad_request("offset must be an integer and timeout a number")
         if not isinstance(limit, int) or not 1 <= limit <= 100:
             raise bad_request("limit must be between 1 and 100")
+        if self._webhook is not None:
+            raise ApiError(409, WEBHOOK_CONFLICT)
         if "allowed_updates" in params:
             self._allowed_updates = list(params["allowed_updates"] or []) or None
         self._confirm(offset)
@@ -1767,6 +2001,8 @@ class FakeTelegram:
             event = self._signal.current()
             if generation != self._poll_generation:
                 raise ApiError(409, CONFLICT)
+            if self._webhook is not None:
+                raise ApiError(409, WEBHOOK_CONFLICT)
             ready = self._deliverable(limit)
             remaining = deadline - loop.time()
             if ready or remaining <= 0 or self._closing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import time
 import wave
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from PIL import Image
 from telegram import (
     Bot,
@@ -47,6 +49,7 @@ from tests.fakes.telegram_server import (
     MAX_PHOTO,
     MAX_REQUEST,
     MAX_UPLOAD,
+    SECRET_HEADER,
     TOO_LARGE,
     ApiError,
     FakeTelegram,
@@ -763,3 +766,208 @@ async def test_send_document_size_limits(tg: FakeTelegram) -> None:
     calls = tg.calls_to("sendDocument")
     assert [(c.status, c.description) for c in calls] == [(200, None)] + [(413, TOO_LARGE)] * 2
     assert [u.file_name for u in tg.uploads(CHAT)] == ["edge.bin"]
+
+
+# --------------------------------------------------------------------------- webhooks
+
+
+class Receiver:
+    """A bot's webhook endpoint: records each POST and answers the next status given
+    (then 200)."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = list(statuses)
+        self.got: list[tuple[dict[str, str], Any]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> Receiver:
+        app = web.Application()
+        app.router.add_post("/hook", self._post)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/hook"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _post(self, request: web.Request) -> web.Response:
+        self.got.append((dict(request.headers), json.loads(await request.read())))
+        return web.Response(status=self.statuses.pop(0) if self.statuses else 200)
+
+    @property
+    def ids(self) -> list[int]:
+        return [body["update_id"] for _, body in self.got]
+
+
+def closed_url() -> str:
+    """An address nothing listens on (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+
+
+async def test_set_get_delete_webhook(tg: FakeTelegram) -> None:
+    tg.webhook_targets = []  # hold deliveries: the URL is not reachable
+    async with make_bot(tg) as bot:
+        info = await bot.get_webhook_info()
+        assert (info.url, info.pending_update_count) == ("", 0)
+        tg.push_message(CHAT, USER, "waiting")
+        assert await bot.set_webhook(
+            "https://bot.example/tg", secret_token="s3cret_-X", allowed_updates=["message"]
+        )
+        assert tg.webhook == {
+            "url": "https://bot.example/tg",
+            "secret_token": "s3cret_-X",
+            "allowed_updates": ["message"],
+            "max_connections": 40,
+        }
+        info = await bot.get_webhook_info()
+        assert info.url == "https://bot.example/tg" and info.pending_update_count == 1
+        assert info.allowed_updates == ("message",) and info.max_connections == 40
+        assert info.last_error_date is None and info.last_error_message is None
+        refusals = {
+            "http://bot.example/tg": "(?i)an https url must be provided",
+            "https://bot.example:8080/tg": "only on ports 80, 88, 443 or 8443",
+        }
+        for url, error in refusals.items():
+            with pytest.raises(BadRequest, match=error):
+                await bot.set_webhook(url)
+        for secret in ("has:colon", "x" * 257):
+            with pytest.raises(BadRequest, match="(?i)secret token contains unallowed"):
+                await bot.set_webhook("https://bot.example/tg", secret_token=secret)
+        assert await bot.set_webhook("https://bot.example:8443/tg", secret_token="x" * 256)
+        assert await bot.delete_webhook()
+        assert tg.webhook is None
+        info = await bot.get_webhook_info()
+        assert (info.url, info.pending_update_count) == ("", 1)
+        assert await bot.set_webhook("http://127.0.0.1:1/tg", drop_pending_updates=True)
+        assert tg.pending_updates == []
+        assert await bot.set_webhook("")  # an empty URL removes the webhook
+        assert tg.webhook is None
+    assert tg.deliveries == []
+
+
+async def test_get_updates_conflicts_with_a_webhook(tg: FakeTelegram) -> None:
+    tg.webhook_targets = []
+    async with make_bot(tg) as bot, make_bot(tg) as poller:
+        waiting = asyncio.create_task(poller.get_updates(timeout=5))
+        await tg.wait_for(lambda: len(tg.calls_to("getUpdates")) == 1)
+        await bot.set_webhook("https://bot.example/tg")
+        with pytest.raises(Conflict, match="can't use getUpdates method while webhook is active"):
+            await waiting
+        update_id = tg.push_message(CHAT, USER, "held")
+        with pytest.raises(Conflict, match="use deleteWebhook to delete the webhook first"):
+            await bot.get_updates(timeout=0)
+        await bot.delete_webhook()
+        assert [u.update_id for u in await bot.get_updates(timeout=0)] == [update_id]
+    assert [c.status for c in tg.calls_to("getUpdates")] == [409, 409, 200]
+
+
+async def test_webhook_delivery_in_order_with_the_secret(tg: FakeTelegram) -> None:
+    async with Receiver() as hook, make_bot(tg) as bot:
+        sent = await bot.send_message(tg.add_chat(CHAT)["id"], "pick one")
+        first = tg.push_message(CHAT, USER, "one")
+        tg.push_callback(CHAT, USER, sent.message_id, "x", forged=True)  # not allowed below
+        third = tg.push_message(CHAT, USER, "three")
+        await bot.set_webhook(hook.url, secret_token="topsecret", allowed_updates=["message"])
+        await tg.wait_for(lambda: hook.ids == [first, third] and not tg.pending_updates)
+        await bot.delete_webhook()
+    headers, body = hook.got[0]
+    assert headers["X-Telegram-Bot-Api-Secret-Token"] == "topsecret"
+    assert headers["Content-Type"] == "application/json"
+    update = Update.de_json(body, bot)
+    assert update.message is not None and update.message.text == "one"
+    assert [(d.update_id, d.status, d.ok) for d in tg.deliveries] == [
+        (first, 200, True),
+        (third, 200, True),
+    ]
+
+
+async def test_webhook_retries_a_failed_delivery_with_backoff(tg: FakeTelegram) -> None:
+    async with Receiver(500, 502) as hook, make_bot(tg) as bot:
+        await bot.set_webhook(hook.url)
+        first = tg.push_message(CHAT, USER, "one")
+        second = tg.push_message(CHAT, USER, "two")
+        await tg.wait_for(lambda: not tg.pending_updates)
+        info = await bot.get_webhook_info()
+    assert hook.ids == [first, first, first, second]  # the second waits for the first
+    assert "X-Telegram-Bot-Api-Secret-Token" not in hook.got[0][0]  # none was set
+    assert [d.error for d in tg.deliveries[:2]] == [
+        "Wrong response from the webhook: 500 Internal Server Error",
+        "Wrong response from the webhook: 502 Bad Gateway",
+    ]
+    times = [d.time for d in tg.deliveries]
+    assert times[1] - times[0] >= 0.19 and times[2] - times[1] >= 0.39  # 0.2 s, doubling
+    assert info.pending_update_count == 0
+    assert info.last_error_message == "Wrong response from the webhook: 502 Bad Gateway"
+    assert info.last_error_date is not None
+
+
+async def test_webhook_connection_refused_and_lost_answers(tg: FakeTelegram) -> None:
+    dead = closed_url()
+    async with Receiver() as hook, make_bot(tg) as bot:
+        await bot.set_webhook(dead)
+        update_id = tg.push_message(CHAT, USER, "hello?")
+        await tg.wait_for(lambda: len(tg.deliveries) >= 2)
+        info = await bot.get_webhook_info()
+        assert info.last_error_message == "Connection refused"
+        assert info.pending_update_count == 1
+        tg.lose_webhook_answers(1)
+        await bot.set_webhook(hook.url)  # a new URL: the old error is forgotten
+        await tg.wait_for(lambda: not tg.pending_updates)
+        info = await bot.get_webhook_info()
+    assert {d.error for d in tg.deliveries if d.url == dead} == {"Connection refused"}
+    assert hook.ids == [update_id, update_id]  # it arrived, then came again
+    assert [d.error for d in tg.deliveries if d.url == hook.url] == ["Read timeout expired", None]
+    assert info.last_error_message == "Read timeout expired"
+
+
+async def test_webhook_targets_round_robin(tg: FakeTelegram) -> None:
+    async with Receiver() as a, Receiver(500) as b, make_bot(tg) as bot:
+        tg.webhook_targets = [a.url, b.url]
+        await bot.set_webhook("https://bot.example/tg", secret_token="lb")
+        ids = [tg.push_message(CHAT, USER, str(n)) for n in range(3)]
+        await tg.wait_for(lambda: not tg.pending_updates)
+        # a gets ids[0]; b fails ids[1]; a gets its retry; b gets ids[2]
+        assert (a.ids, b.ids) == ([ids[0], ids[1]], [ids[1], ids[2]])
+        dead = closed_url()
+        tg.webhook_targets = [dead, a.url]
+        last = tg.push_message(CHAT, USER, "again")
+        await tg.wait_for(lambda: not tg.pending_updates)
+        assert a.ids[-1] == last
+        assert (await bot.get_webhook_info()).url == "https://bot.example/tg"
+    assert all(headers[SECRET_HEADER] == "lb" for headers, _ in a.got + b.got)
+    assert [(d.update_id, d.url, d.ok) for d in tg.deliveries] == [
+        (ids[0], a.url, True),
+        (ids[1], b.url, False),
+        (ids[1], a.url, True),
+        (ids[2], b.url, True),
+        (last, dead, False),  # the turn goes on: the dead target, then a
+        (last, a.url, True),
+    ]
+
+
+async def test_deliveries_stop_on_delete_and_close() -> None:
+    async with Receiver(*[500] * 100) as hook:
+        fake = FakeTelegram()
+        await fake.start()
+        async with make_bot(fake) as bot:
+            await bot.set_webhook(hook.url)
+            fake.push_message(CHAT, USER, "never")
+            await fake.wait_for(lambda: len(hook.got) >= 2)
+            await bot.delete_webhook()
+            count = len(hook.got)
+            fake.push_message(CHAT, USER, "polled instead")
+            await asyncio.sleep(0.5)
+            assert len(hook.got) == count and len(fake.pending_updates) == 2
+            await bot.set_webhook(hook.url)
+            await fake.wait_for(lambda: len(hook.got) > count)
+        await fake.close()
+        count = len(hook.got)
+        await asyncio.sleep(0.5)
+        assert len(hook.got) == count

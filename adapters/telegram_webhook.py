@@ -1,0 +1,127 @@
+"""Telegram webhook mode: an aiohttp server Telegram posts updates to.
+
+`check` reads `telegram.webhook` before anything connects: a public https URL (plain
+http only on a loopback host, as a local Bot API server allows) and a secret token,
+without which anyone who finds the address could post updates. `WebhookServer` listens
+on `webhook.host:port` at `webhook.path` and registers the URL with `setWebhook`. Each
+POST must carry the secret in `X-Telegram-Bot-Api-Secret-Token` (else 401, the body
+unread); a body that is not a JSON update is a 400; an update goes to the PTB
+application's `update_queue` (where the poller puts its updates, so handlers run with
+the same concurrency and order) and is answered 200 at once: Telegram retries any
+non-2xx, and the core dedupes a redelivered update by its id. One the library cannot
+parse is skipped with a 200, as polling skips it (`defuse_updates`), lest Telegram
+retry it forever. Stopping leaves the webhook set: other workers may still receive.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from telegram import Update
+from telegram.error import BadRequest
+from telegram.ext import Application
+
+from bot.config import TelegramWebhook
+from bot.errors import ConfigError
+
+log = logging.getLogger(__name__)
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+ALLOWED_UPDATES = ["message", "callback_query"]
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check(hook: TelegramWebhook) -> tuple[str, str]:
+    """The webhook's public URL and secret, or a ConfigError naming the key at fault."""
+    if not hook.url:
+        raise ConfigError("telegram.webhook.url", "is required when telegram.mode is webhook")
+    parts = urlsplit(hook.url)
+    if not parts.hostname or not (parts.scheme == "https" or
+                                  (parts.scheme == "http" and _loopback(parts.hostname))):
+        raise ConfigError("telegram.webhook.url",
+                          "must be an https:// address (Telegram posts only over HTTPS)")
+    if not hook.secret_token:
+        raise ConfigError("telegram.webhook.secret_token", "is required when telegram.mode "
+                          "is webhook: without it anyone can post updates to the webhook")
+    if not _SECRET.fullmatch(hook.secret_token):
+        raise ConfigError("telegram.webhook.secret_token",
+                          "must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+    if not hook.path.startswith("/"):
+        raise ConfigError("telegram.webhook.path", "must start with /")
+    return hook.url, hook.secret_token
+
+
+class WebhookServer:
+    """The HTTP endpoint of webhook mode, feeding `app.update_queue`."""
+
+    def __init__(self, app: Application[Any, Any, Any, Any, Any, Any], hook: TelegramWebhook,
+                 ) -> None:
+        self.app, self.hook = app, hook
+        self.public_url, secret = check(hook)
+        self._secret = secret.encode()
+        self.url: str | None = None
+        """The endpoint as bound (port 0 picks a free port)."""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Listen, then register the public URL with Telegram (which may post at once)."""
+        web_app = web.Application()
+        web_app.router.add_post(self.hook.path, self._receive)
+        self._runner = web.AppRunner(web_app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=2.0)
+        await self._runner.setup()
+        host, port = self.hook.host, self.hook.port
+        try:
+            await web.TCPSite(self._runner, host, port).start()
+        except OSError as exc:
+            raise ConfigError("telegram.webhook.port", f"cannot listen on {host}:{port} "
+                              f"({exc.strerror})") from None
+        bound, port = self._runner.addresses[0][:2]
+        self.url = f"http://{f'[{bound}]' if ':' in bound else bound}:{port}{self.hook.path}"
+        try:
+            await self.app.bot.set_webhook(
+                self.public_url, secret_token=self._secret.decode(),
+                allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False)
+        except BadRequest as exc:
+            raise ConfigError("telegram.webhook.url",
+                              f"was refused by Telegram ({exc.message})") from None
+
+    async def stop(self) -> None:
+        """Stop listening; the webhook stays set (other workers may still receive)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, self._secret):
+            return web.Response(status=401)
+        try:
+            data = json.loads(await request.read())
+        except ValueError:  # also bytes that are not UTF-8
+            return web.Response(status=400, text="not JSON")
+        update_id = data.get("update_id") if isinstance(data, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            return web.Response(status=400, text="not an update")
+        try:
+            update = Update.de_json(data, self.app.bot)
+        except Exception:  # whatever the library raises on junk
+            log.warning("Telegram: update %s could not be parsed; skipped", update_id)
+            return web.Response()
+        await self.app.update_queue.put(update)
+        return web.Response()
