@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from bot import redact
 from bot.access import Access
-from bot.cluster import Cluster
+from bot.cluster import Cluster, owner_id
 from bot.cluster.lanes import ClusterLanes
 from bot.config import Config
 from bot.conversation import Conversation
@@ -80,6 +80,8 @@ class ToolEnv:
     protected: frozenset[Path]
     env: dict[str, str]
     ports: dict[str, FilePort]
+    owner: str = ""
+    """Whose tool processes these are (the worker's id with several workers)."""
 
     def __call__(self, conv: Conversation) -> ToolContext:
         config = self.config
@@ -92,8 +94,11 @@ class ToolEnv:
             extras={"conv": conv.row, "persona_dir": persona,
                     "memory_dir": scope_dir(persona, config.memory.scope, conv.row.key,
                                             requester),
-                    "track_process": self.store.track_process,
-                    "untrack_process": self.store.untrack_process, "scheduler": self.scheduler,
+                    "track_process": functools.partial(self.store.track_process,
+                                                       owner=self.owner),
+                    "untrack_process": functools.partial(self.store.untrack_process,
+                                                         owner=self.owner),
+                    "scheduler": self.scheduler,
                     "web_fetch": config.tools.web_fetch,
                     "persona_max_chars": config.persona.max_file_chars,
                     "requester": requester, "send_file": self._sender(conv)})
@@ -129,7 +134,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     registry = Registry(default_tools(Path(config.workspace.dir)) if tools is None else tools)
     scheduler = Scheduler(store, config.scheduler.timezone, config.scheduler.misfire_grace_s)
     env = ToolEnv(config, store, scheduler, protected_paths(config),
-                  shell.clean_env(dict(os.environ), config.secrets()), dispatch.ports)
+                  shell.clean_env(dict(os.environ), config.secrets()), dispatch.ports,
+                  owner_id(cluster is not None))
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
                 emit=dispatch.emit, tool_context=env, redact=redactor,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from bot import llm, logs, redact
 from bot.app import Dispatch, build
-from bot.cluster import Cluster, ensure_queue_schema
+from bot.cluster import Cluster, ensure_queue_schema, owner_id
 from bot.config import Config
 from bot.errors import StoreError, TandemError
 from bot.hub import Hub
@@ -73,8 +73,7 @@ async def _serve(config: Config, chat: bool) -> int:
     await hub.d.store.open()
     platforms: list[Platform] = []
     try:
-        if cluster is None:  # with several workers each one's supervisor does this
-            await _kill_orphans(hub.d.store)
+        await _kill_orphans(hub.d.store, owner_id(cluster is not None))
         names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
         # litellm takes seconds to import: it loads in a thread from here on, while the
@@ -151,14 +150,15 @@ async def _lead(hub: Hub, platforms: list[Platform]) -> None:
     _background.add(asyncio.create_task(keep_in_step(), name="schedule-sync"))
 
 
-async def _kill_orphans(store: Store) -> None:
-    """Tool processes a killed Tandem left behind die now."""
+async def _kill_orphans(store: Store, owner: str) -> None:
+    """Tool processes this worker left behind when it was killed die now (another
+    worker's are its own business)."""
     from bot.tools.shell import kill_group
 
-    pids = await store.tracked_processes()
+    pids = await store.tracked_processes(owner)
     for pid in pids:
         kill_group(pid)
-    await store.forget_processes()
+    await store.forget_processes(owner)
 
 
 async def _wait_for_signal() -> None:

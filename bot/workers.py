@@ -8,6 +8,7 @@ its turns as one `tandem run` does) and waits for them.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -30,7 +31,11 @@ def supervise(count: int, config: str | None, verbose: bool) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    workers = [subprocess.Popen(command) for _ in range(count)]
+    def spawn(slot: int) -> subprocess.Popen[bytes]:
+        # the slot names the worker's tool processes, so its next run finds what it left
+        return subprocess.Popen(command, env={**os.environ, "TANDEM_WORKER": str(slot)})
+
+    workers = [spawn(slot) for slot in range(1, count + 1)]
     log.info("tandem: %d workers started (pids %s)", count, [w.pid for w in workers])
     while not stopping:
         time.sleep(0.2)
@@ -39,7 +44,7 @@ def supervise(count: int, config: str | None, verbose: bool) -> int:
                 log.warning("tandem: worker %d exited with %s; starting it again", worker.pid,
                             worker.returncode)
                 time.sleep(RESTART_AFTER_S)
-                workers[i] = subprocess.Popen(command)
+                workers[i] = spawn(i + 1)
     for worker in workers:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

@@ -48,6 +48,16 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def owner_id(cluster: bool) -> str:
+    """Whose tool processes these are: "" for a lone process; with several workers the
+    supervisor's slot (`TANDEM_WORKER`, so a restarted worker finds what it left), else
+    this process."""
+    if not cluster:
+        return ""
+    slot = os.environ.get("TANDEM_WORKER")
+    return f"{socket.gethostname()}/{slot}" if slot else worker_name()
+
+
 class Cluster:
     def __init__(self, url: str, *, concurrency: int = 8) -> None:
         self.url = url

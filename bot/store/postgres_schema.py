@@ -80,4 +80,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE approvals ADD COLUMN card TEXT;
     """,
+    # v3: a tool process belongs to the worker that started it (pids of two hosts may be
+    # equal)
+    """
+    ALTER TABLE processes ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE processes DROP CONSTRAINT processes_pkey;
+    ALTER TABLE processes ADD PRIMARY KEY (owner, pid);
+    """,
 ]

@@ -86,17 +86,18 @@ class PostgresStanding(PostgresBase):
 
     # -- tool processes ---------------------------------------------------------------
 
-    async def track_process(self, pid: int) -> None:
+    async def track_process(self, pid: int, owner: str = "") -> None:
         await self._count(
-            "INSERT INTO processes (pid, started_at) VALUES (%s,%s)"
-            " ON CONFLICT (pid) DO UPDATE SET started_at=excluded.started_at",
-            (pid, time.time()))
+            "INSERT INTO processes (owner, pid, started_at) VALUES (%s,%s,%s)"
+            " ON CONFLICT (owner, pid) DO UPDATE SET started_at=excluded.started_at",
+            (owner, pid, time.time()))
 
-    async def untrack_process(self, pid: int) -> None:
-        await self._count("DELETE FROM processes WHERE pid=%s", (pid,))
+    async def untrack_process(self, pid: int, owner: str = "") -> None:
+        await self._count("DELETE FROM processes WHERE owner=%s AND pid=%s", (owner, pid))
 
-    async def tracked_processes(self) -> list[int]:
-        return [int(r[0]) for r in await self._rows("SELECT pid FROM processes ORDER BY pid")]
+    async def tracked_processes(self, owner: str = "") -> list[int]:
+        return [int(r[0]) for r in await self._rows(
+            "SELECT pid FROM processes WHERE owner=%s ORDER BY pid", (owner,))]
 
-    async def forget_processes(self) -> None:
-        await self._count("DELETE FROM processes")
+    async def forget_processes(self, owner: str = "") -> None:
+        await self._count("DELETE FROM processes WHERE owner=%s", (owner,))

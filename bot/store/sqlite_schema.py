@@ -117,4 +117,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE approvals ADD COLUMN card TEXT;
     """,
+    # v6: a tool process belongs to the worker that started it (the key is both: SQLite
+    # cannot change a primary key, so the table is rebuilt)
+    """
+    CREATE TABLE processes_v6 (
+        owner TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL, started_at REAL NOT NULL,
+        PRIMARY KEY (owner, pid));
+    INSERT INTO processes_v6 (owner, pid, started_at) SELECT '', pid, started_at
+        FROM processes;
+    DROP TABLE processes;
+    ALTER TABLE processes_v6 RENAME TO processes;
+    """,
 ]

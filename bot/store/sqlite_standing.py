@@ -94,15 +94,18 @@ class SQLiteStanding(SQLiteBase):
 
     # -- tool processes ---------------------------------------------------------------
 
-    async def track_process(self, pid: int) -> None:
+    async def track_process(self, pid: int, owner: str = "") -> None:
         await self._run(lambda db: db.execute(
-            "INSERT OR REPLACE INTO processes (pid, started_at) VALUES (?,?)", (pid, time.time())))
+            "INSERT OR REPLACE INTO processes (pid, owner, started_at) VALUES (?,?,?)",
+            (pid, owner, time.time())))
 
-    async def untrack_process(self, pid: int) -> None:
-        await self._run(lambda db: db.execute("DELETE FROM processes WHERE pid=?", (pid,)))
+    async def untrack_process(self, pid: int, owner: str = "") -> None:
+        await self._run(lambda db: db.execute("DELETE FROM processes WHERE pid=? AND owner=?",
+                                              (pid, owner)))
 
-    async def tracked_processes(self) -> list[int]:
-        return await self._run(lambda db: [r[0] for r in db.execute("SELECT pid FROM processes")])
+    async def tracked_processes(self, owner: str = "") -> list[int]:
+        return await self._run(lambda db: [r[0] for r in db.execute(
+            "SELECT pid FROM processes WHERE owner=? ORDER BY pid", (owner,))])
 
-    async def forget_processes(self) -> None:
-        await self._run(lambda db: db.execute("DELETE FROM processes"))
+    async def forget_processes(self, owner: str = "") -> None:
+        await self._run(lambda db: db.execute("DELETE FROM processes WHERE owner=?", (owner,)))

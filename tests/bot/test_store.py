@@ -620,6 +620,21 @@ async def test_tracked_processes(store: Store) -> None:
     assert await store.tracked_processes() == []
 
 
+async def test_each_worker_has_its_own_processes(store: Store) -> None:
+    await store.track_process(101, owner="host/1")
+    await store.track_process(101, owner="host/2")  # the same pid on another host
+    await store.track_process(202, owner="host/2")
+    await store.track_process(303)
+    assert await store.tracked_processes("host/1") == [101]
+    assert await store.tracked_processes("host/2") == [101, 202]
+    await store.untrack_process(101, owner="host/2")
+    assert await store.tracked_processes("host/1") == [101]
+    await store.forget_processes("host/1")  # a restarted worker clears only its own
+    assert await store.tracked_processes("host/1") == []
+    assert await store.tracked_processes("host/2") == [202]
+    assert await store.tracked_processes() == [303]
+
+
 # -- SQLite: the schema migration -----------------------------------------------------
 
 # Today's v1 and v2 schema, copied so this test keeps describing a real v2 database.
@@ -743,7 +758,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     store = open_store(str(path))
     await store.open()
     try:
-        assert user_version(path) == 5
+        assert user_version(path) == 6
         assert await store.integrity_check() == "ok"
         alice = await store.conversation(ConvKey("console", "alice"))
         assert (alice.id, alice.session, alice.prompt_tokens, alice.cost) == (1, 2, 30, 0.5)
@@ -811,7 +826,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     again = open_store(str(path))
     await again.open()
     try:
-        assert user_version(path) == 5
+        assert user_version(path) == 6
         assert len(await again.history(1, 1)) == 6
     finally:
         await again.close()
@@ -822,7 +837,7 @@ async def test_a_fresh_database_is_current(tmp_path: Path) -> None:
     store = open_store(str(path))
     await store.open()
     await store.close()
-    assert user_version(path) == 5
+    assert user_version(path) == 6
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
