@@ -5,10 +5,10 @@ http only on a loopback host, as a local Bot API server allows) and a secret tok
 without which anyone who finds the address could post updates. `WebhookServer` listens
 on `webhook.host:port` at `webhook.path` and registers the URL with `setWebhook`. Each
 POST must carry the secret in `X-Telegram-Bot-Api-Secret-Token` (else 401, the body
-unread); a body that is not a JSON update is a 400; an update goes to the PTB
-application's `update_queue` (where the poller puts its updates, so handlers run with
-the same concurrency and order) and is answered 200 at once: Telegram retries any
-non-2xx, and the core dedupes a redelivered update by its id. One the library cannot
+unread); a body that is not a JSON update is a 400; an update is handed to the PTB
+application's handlers and answered 200 once they took it (they only record and queue
+it, so this is quick): Telegram retries any non-2xx, and the core dedupes a redelivered
+update by its id. One the library cannot
 parse is skipped with a 200, as polling skips it (`defuse_updates`), lest Telegram
 retry it forever. Stopping leaves the webhook set: other workers may still receive.
 """
@@ -123,5 +123,8 @@ class WebhookServer:
         except Exception:  # whatever the library raises on junk
             log.warning("Telegram: update %s could not be parsed; skipped", update_id)
             return web.Response()
-        await self.app.update_queue.put(update)
+        # handled before the answer: a 200 means the core has recorded it (a worker that
+        # dies before that gets no 200, and Telegram delivers the update again); the
+        # handlers only record and queue, the turns run elsewhere
+        await self.app.process_update(update)
         return web.Response()

@@ -141,7 +141,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
                 emit=dispatch.emit, tool_context=env, redact=redactor,
                 mcp=Servers(config.mcp, registry))
     receiver = Receiver(config, dispatch.ports, Senses(config.llm, config.media))
-    lanes = None if cluster is None else functools.partial(ClusterLanes, cluster=cluster)
+    lanes = None if cluster is None else \
+        functools.partial(ClusterLanes, cluster=cluster, store=store)
     hub = Hub(deps, Access.from_config(config), scheduler, receiver, lanes)
     scheduler.deliver = hub.deliver
     return hub, dispatch

@@ -87,6 +87,9 @@ class Worker:
             log.error("failed to handle %s in %s", type(batch[0]).__name__, key, exc_info=True)
             self.convs.drop(key)  # reload (and repair) from the store next time
             await self._safe_emit(Notice(key, user_message(exc)))
+            with contextlib.suppress(Exception):  # told: not run again at the next start
+                await self.d.store.mark_inbound_done(
+                    [i.ref for i in batch if isinstance(i, UserMessage | Trigger) and i.ref])
         finally:
             cached = self.convs.cached(key)
             if cached is None or cached.turn is None:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.cluster.codec import decode, encode
-from bot.events import ConvKey
+from bot.events import ConvKey, Trigger, UserMessage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ CHANNEL = "tandem_cluster"
 LEADER_LOCK = 0x7A4D_0001
 """The advisory lock the leader holds for its life."""
 HEARTBEAT_S = 1.0
+LOST_SWEEP_S = 5.0
 STALLED_S = 4.0
 """A worker silent this long is dead: its jobs are handed to the others."""
 
@@ -70,6 +71,8 @@ class Cluster:
         self.leader = False
         self.on_leader: Callable[[], Awaitable[None]] | None = None
         """Called once when this worker becomes the leader."""
+        self.on_sweep: Callable[[], Awaitable[None]] | None = None
+        """Called by the leader every `LOST_SWEEP_S` (inbound a dead worker never queued)."""
         self._app: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listen: Any = None
@@ -126,8 +129,15 @@ class Cluster:
     async def defer(self, item: Any, *, at: float | None = None) -> None:
         """Queue `item` behind its conversation's other work (at time `at`, if given)."""
         if at is None:
-            await self._app.configure_task(TASK, lock=str(item.conv)) \
-                .defer_async(item=encode(item))
+            import procrastinate.exceptions
+
+            ref = getattr(item, "ref", None) if isinstance(item, UserMessage | Trigger) \
+                else None
+            try:  # an inbound's id is its queueing lock: it waits in the queue once
+                await self._app.configure_task(TASK, lock=str(item.conv), queueing_lock=ref) \
+                    .defer_async(item=encode(item))
+            except procrastinate.exceptions.AlreadyEnqueued:
+                log.info("cluster: %s is queued already", ref)
             return
         await self._app.configure_task(LATER, schedule_at=datetime.fromtimestamp(at, UTC)) \
             .defer_async(item=encode(item))
@@ -180,9 +190,29 @@ class Cluster:
                     await self.on_leader()
                 break
             await asyncio.sleep(1.0)
+        rounds = 0
         while True:
             await self._sweep()
+            rounds += 1
+            if self.on_sweep is not None and rounds % int(LOST_SWEEP_S / HEARTBEAT_S) == 0:
+                try:
+                    await self.on_sweep()
+                except Exception:
+                    log.warning("cluster: could not look for lost inbound", exc_info=True)
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def queued(self, ref: str) -> bool:
+        """A job for the inbound `ref` waits or runs."""
+        conn = await self._connect()
+        try:
+            # a job for now carries the ref as its queueing lock; one for later, in its item
+            row = await (await conn.execute(
+                "SELECT 1 FROM procrastinate_jobs WHERE queueing_lock = %s OR (task_name = %s"
+                " AND strpos(args->>'item', %s) > 0) LIMIT 1",
+                (ref, LATER, f'"ref": {json.dumps(ref)}'))).fetchone()
+            return row is not None
+        finally:
+            await conn.close()
 
     async def _sweep(self) -> None:
         """Jobs of dead workers go back to the queue (another worker takes them)."""

@@ -17,7 +17,9 @@ from typing import Any, Generic, TypeVar
 
 from bot.cluster import Cluster, conv_of
 from bot.events import ConvKey
+from bot.intake import replay
 from bot.lanes import Lanes
+from bot.store import Store
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -29,11 +31,13 @@ class ClusterLanes(Lanes[W], Generic[W]):
     shared = True
 
     def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]],
-                 cluster: Cluster) -> None:
+                 cluster: Cluster, store: Store) -> None:
         super().__init__(handle)
         self.cluster = cluster
+        self.store = store
         cluster.handle = self._job
         cluster.on_signal = self._on_signal
+        cluster.on_sweep = self._requeue_lost
         self._remote: dict[ConvKey, int] = {}
         """Turns running on other workers, as they announced them."""
         self._here: dict[ConvKey, int] = {}
@@ -73,6 +77,17 @@ class ClusterLanes(Lanes[W], Generic[W]):
         task = asyncio.get_running_loop().create_task(run())
         self._deferring.add(task)
         task.add_done_callback(self._deferring.discard)
+
+    async def _requeue_lost(self) -> None:
+        """Inbound that a worker recorded and died before queueing is queued now (the
+        store starts at most one turn for it, so a copy that was queued is harmless)."""
+        for ref, kind, payload in await self.store.unprocessed_inbound():
+            if await self.cluster.queued(ref):
+                continue
+            item = replay(kind, payload, ref)
+            if item is not None:
+                log.warning("cluster: inbound %s was never queued; queueing it", ref)
+                await self.cluster.defer(item)
 
     async def _job(self, item: Any) -> None:
         key: ConvKey = item.conv

@@ -192,3 +192,18 @@ async def test_status_names_the_backend_the_workers_and_the_queue(
         await shared.workers[1].hub.submit(Command(key, ANN, "status", ref="console:s:1"))
         [notice] = await shared.wait(lambda: shared.of(Notice))
     assert "Store: PostgreSQL, 2 workers alive, 1 jobs queued or running" in notice.text
+
+
+async def test_inbound_a_dead_worker_recorded_but_never_queued_is_answered_once(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.responder = echo
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "lost")
+    async with cluster_of(2, config) as shared:
+        item = UserMessage(key, ANN, "lost and found", ref="console:lost:1")
+        # recorded, and the worker "died" before it queued the job
+        assert (await shared.workers[0].hub.intake.accept(item)).accepted
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded), timeout=15)
+        await asyncio.sleep(6)  # another sweep finds nothing more to do
+        assert [e.text for e in shared.of(TurnEnded)] == ["echo lost and found"]
+    assert ended.conv == key
