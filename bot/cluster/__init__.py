@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -46,7 +47,8 @@ Handle = Callable[[Any], Awaitable[None]]
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Unique per worker (two in one process too): host, pid and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 def owner_id(cluster: bool) -> str:
@@ -155,8 +157,8 @@ class Cluster:
     # -- signals ------------------------------------------------------------------------
 
     def signal(self, message: dict[str, Any]) -> None:
-        """Tell every worker (this one too) `message`; fire and forget."""
-        self._tasks.append(asyncio.create_task(self._send(message)))
+        """Tell every other worker `message`; fire and forget."""
+        self._tasks.append(asyncio.create_task(self._send({**message, "from": self.name})))
         self._tasks = [t for t in self._tasks if not t.done()]
 
     async def _send(self, message: dict[str, Any]) -> None:
