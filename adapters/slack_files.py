@@ -17,12 +17,12 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.downloads import stream
 from bot.events import Attachment, ConvKey
-from bot.media import MB, TooLarge
+from bot.media import MB
 
 log = logging.getLogger(__name__)
 
-CHUNK = 64 * 1024
 FILE_LIMIT = 1024 * MB
 """Slack takes files up to 1 GB."""
 SCOPES = ("files:read", "files:write")
@@ -77,26 +77,15 @@ class SlackFiles:
         url = attachment.source
         if self.session is None or not url or not self._trusted(url):
             raise ValueError("Slack gave no address on its own servers for it")
-        headers = {"Authorization": f"Bearer {self._token}"}
-        timeout = aiohttp.ClientTimeout(total=600, sock_read=60)
-        written = 0
-        try:
-            async with self.session.get(url, headers=headers, timeout=timeout) as reply:
-                if reply.status != 200:
-                    raise ValueError(f"the download failed (HTTP {reply.status})")
-                if reply.content_type == "text/html" and \
-                        not attachment.mime.startswith("text/html"):
-                    raise ValueError("Slack sent its sign-in page instead of the file (the "
-                                     "Slack app needs the files:read scope)")
-                with dest.open("wb") as out:
-                    async for chunk in reply.content.iter_chunked(CHUNK):
-                        written += len(chunk)
-                        if written > limit:
-                            raise TooLarge
-                        out.write(chunk)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ValueError(f"the download broke off ({type(exc).__name__})") from None
-        return written
+
+        def not_a_sign_in_page(reply: aiohttp.ClientResponse) -> None:
+            if reply.content_type == "text/html" and \
+                    not attachment.mime.startswith("text/html"):
+                raise ValueError("Slack sent its sign-in page instead of the file (the "
+                                 "Slack app needs the files:read scope)")
+
+        return await stream(self.session, url, dest, limit, check=not_a_sign_in_page,
+                            headers={"Authorization": f"Bearer {self._token}"})
 
     async def upload(self, conv: ConvKey, file: BinaryIO, name: str, caption: str, *,
                      picture: bool) -> None:

@@ -17,6 +17,7 @@ from telegram import InputFile, Message
 from telegram.error import BadRequest, TelegramError
 from telegram.ext import filters
 
+from adapters.downloads import stream
 from adapters.telegram_api import BotApi
 from bot.events import Attachment, ConvKey
 from bot.media import MB, TooLarge
@@ -27,7 +28,6 @@ DOWNLOAD_LIMIT = 20 * MB
 UPLOAD_LIMIT = 50 * MB
 PHOTO_LIMIT = 10 * MB
 CAPTION_LIMIT = 1024
-CHUNK = 64 * 1024
 MEDIA = (filters.PHOTO | filters.VOICE | filters.AUDIO | filters.VIDEO_NOTE | filters.Document.ALL
          | filters.VIDEO | filters.ANIMATION | filters.Sticker.ALL)
 """Messages with something to fetch (with or without a caption)."""
@@ -106,21 +106,7 @@ class TelegramFiles:
     async def _stream(self, url: str, dest: Path, limit: int) -> int:
         if self._session is None:
             self._session = aiohttp.ClientSession(trust_env=True)
-        written = 0
-        timeout = aiohttp.ClientTimeout(total=600, sock_read=60)
-        try:
-            async with self._session.get(url, timeout=timeout) as reply:
-                if reply.status != 200:
-                    raise ValueError(f"the download failed (HTTP {reply.status})")
-                with dest.open("wb") as out:
-                    async for chunk in reply.content.iter_chunked(CHUNK):
-                        written += len(chunk)
-                        if written > limit:
-                            raise TooLarge
-                        out.write(chunk)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ValueError(f"the download broke off ({type(exc).__name__})") from None
-        return written
+        return await stream(self._session, url, dest, limit)
 
     async def upload(self, conv: ConvKey, file: BinaryIO, name: str, caption: str, *,
                      picture: bool) -> None:

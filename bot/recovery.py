@@ -93,9 +93,9 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
     pictures = [Path(m.file) for msg in conv.history for m in msg.media
                 if m.seen and m.kind == "image"]
     if pictures:  # decoded off the event loop now, not while the next request is built
-        from bot.media import images
+        from bot.media.images import warm
 
-        await asyncio.to_thread(images.warm, pictures)
+        await asyncio.to_thread(warm, pictures)
     return conv  # trimmed when its next turn begins (that needs the model's window)
 
 

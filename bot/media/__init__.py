@@ -74,9 +74,9 @@ class Media:
         path = Path(self.file)
         try:
             if self.kind == "image":
-                from bot.media import images  # Pillow loads on first use
+                from bot.media.images import data_url  # Pillow loads on first use
 
-                return {"type": "image_url", "image_url": {"url": images.data_url(path)}}
+                return {"type": "image_url", "image_url": {"url": data_url(path)}}
             data = base64.b64encode(path.read_bytes()).decode("ascii")
             return {"type": "file", "file": {"filename": self.name,
                                              "file_data": f"data:{self.mime};base64,{data}"}}

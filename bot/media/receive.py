@@ -182,10 +182,10 @@ class Receiver:
             got.lines.append(_saved("a picture", media))
             got.media.append(media)
             return
-        from bot.media import images
+        from bot.media.images import data_url
 
         try:
-            await asyncio.to_thread(images.data_url, Path(media.file))  # checks it, and warms
+            await asyncio.to_thread(data_url, Path(media.file))  # checks it, and warms
         except (OSError, ValueError) as exc:
             got.notes.append(f"{media.name} could not be read as a picture ({exc}); it is "
                              f"saved as {media.path}.")
