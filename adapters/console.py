@@ -56,6 +56,7 @@ class Console:
         self._shown = ""
         self._tool_shown: str | None = None
         self._lines = 0
+        self._cancels: set[asyncio.Task[object]] = set()
 
     # -- rendering --------------------------------------------------------------------
 
@@ -164,7 +165,10 @@ class Console:
     def _on_interrupt(self) -> None:
         if self.hub.running(self.conv):
             self._status("[cancelling…]")
-            self.hub.cancel(Cancel(self.conv, self.user))
+            task = asyncio.get_running_loop().create_task(
+                self.hub.cancel(Cancel(self.conv, self.user)))
+            self._cancels.add(task)
+            task.add_done_callback(self._cancels.discard)
         else:
             self._status("(nothing is running; Ctrl-D quits)")
 

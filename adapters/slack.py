@@ -6,10 +6,12 @@ channel is answered in that message's thread, and later replies there continue w
 new mention. When Tandem is first mentioned inside an existing thread, the thread is read
 once (`conversations.replies`) and its earlier messages travel as `UserMessage.context`.
 
-Which threads Tandem is part of is kept in memory when it joins one. After a restart, the
-first reply in an unknown thread costs one `conversations.replies`: the thread is active if
-Tandem has posted in it. Threads found inactive are remembered too, so a busy channel costs
-at most one look-up per thread per process. Nothing about threads goes in the store.
+Tandem takes part in a thread once it was addressed there: the store knows (whichever
+worker heard the mention, before a restart too), and this process remembers it. A reply
+in a thread the store does not know costs one `conversations.replies`: the thread is
+active if Tandem has posted in it. Threads found inactive are remembered, so a busy
+channel costs at most one look-up per thread per process (the store is still asked
+first: another worker may have joined the thread since).
 
 Tandem serves one workspace: `slack.team_id`, else the one `auth.test` names at start
 (with neither, it does not start). An event, button press or slash command that names
@@ -17,11 +19,13 @@ another workspace (the envelope's `team_id`, the event's `team`/`user_team`, the
 `team.id`/`user.team_id`) is acked and dropped before any listener sees it, in both modes;
 each such workspace is logged once. A payload that names none is let through.
 
-Every event is acked by bolt before any work; button presses and slash commands call
-`ack()` first. A payload no listener takes is acked too (bolt's default, a 404, makes
-Slack send it again). In HTTP mode a signed body bolt could not read is a 400 with one log
-line (`_signed_only`, `render.odd_shape`); a request that hits a bug in Tandem's own code
-is logged with its traceback (`_failed`).
+Every event, press and command is acked once the core has recorded it (bolt's
+`process_before_response`): a worker killed before the ack loses nothing, since Slack
+sends the payload again (to another worker), and one conversation's events are recorded
+in the order Slack sends them. A payload no listener takes is acked too (bolt's default,
+a 404, makes Slack send it again). In HTTP mode a signed body bolt could not read is a 400
+with one log line (`_signed_only`, `render.odd_shape`); a request that hits a bug in
+Tandem's own code is logged with its traceback (`_failed`).
 
 Inbound is handed to `Hub.submit`, which checks access first (`bot.access`: ids, and the
 user's workspace against the bot's) and returns at once; a stranger gets the hub's refusal,
@@ -357,7 +361,8 @@ class SlackAdapter:
         # helpers (`say_stream`, `set_status`…) Tandem does not use are left out.
         app = AsyncApp(client=self._client, signing_secret=self.slack.signing_secret or "",
                        name="tandem", raise_error_for_unhandled_request=True,
-                       attaching_conversation_kwargs_enabled=False)
+                       attaching_conversation_kwargs_enabled=False,
+                       process_before_response=True)
         app.error(_on_bolt_error)
         app.use(self._same_workspace)
         app.event("app_mention")(self._on_event)
@@ -474,10 +479,15 @@ class SlackAdapter:
             await self._ephemeral(conv, who.id, note)
 
     async def _in_thread(self, channel: str, thread: str) -> bool:
-        """Tandem takes part in this thread (it has posted there)."""
+        """Tandem takes part in this thread (it was addressed or has posted there)."""
         known = self._threads.get((channel, thread))
+        if known:
+            return True
+        if await self.hub.heard_in(ConvKey(PLATFORM, channel, thread)):
+            _remember(self._threads, (channel, thread))
+            return True
         if known is not None:
-            return known
+            return False
         messages = await self._replies(channel, thread)
         if messages is None:
             return False
@@ -591,7 +601,7 @@ class SlackAdapter:
             case None:
                 await self._ephemeral(conv, uid, INVALID_BUTTON)
             case CancelButton(turn):
-                receipt = self.hub.cancel(Cancel(conv, who, turn=turn))
+                receipt = await self.hub.cancel(Cancel(conv, who, turn=turn))
                 if not receipt.accepted:
                     await self._refused(conv, who, receipt.note)
             case ApprovalButton(approval_id, verdict):

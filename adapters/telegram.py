@@ -294,7 +294,7 @@ class TelegramAdapter:
         lock = self._locks.get(conv) or self._locks.setdefault(conv, asyncio.Lock())
         async with lock:  # updates are handled concurrently: keep one chat's order
             if command is not None and command[0] in ("stop", "cancel"):
-                receipt = self.hub.cancel(Cancel(conv, user, ref))
+                receipt = await self.hub.cancel(Cancel(conv, user, ref))
             else:
                 self._recent[ref] = (message.chat.id, message.message_id)
                 while len(self._recent) > 1000:
@@ -341,7 +341,7 @@ class TelegramAdapter:
                 if receipt.accepted:  # the requester or an approver, in the card's chat
                     await self._learn_card(query.message, approval_id)
             case CancelButton(turn):
-                receipt = self.hub.cancel(Cancel(conv, user, ref, turn))
+                receipt = await self.hub.cancel(Cancel(conv, user, ref, turn))
                 if receipt.accepted and (query.data or "") in self._buttons(query.message) \
                         and not self._live_here(conv, query.message.message_id):
                     # a placeholder whose reply was lost: its turn is over

@@ -54,6 +54,10 @@ class Approvals:
 
     async def decide(self, conv: Conversation, item: Decision) -> bool:
         """Apply a press; True when the turn can go on."""
+        approval = await self.store.approval(item.approval_id)
+        if approval is not None and approval.status != "pending" \
+                and approval.decided_by == item.user.id:
+            return False  # this press again (a worker died before marking it done)
         refusal = await self.check(item)
         if refusal is not None:
             await self.runner.d.emit(Notice(conv.row.key, refusal, ephemeral_to=item.user))

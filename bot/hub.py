@@ -79,22 +79,31 @@ class Hub:
         if self.lanes.closing:
             return Receipt(False, "Tandem is shutting down.")
         receipt = await self.intake.accept(item)
+        if receipt.duplicate and self.lanes.shared and item.ref is not None \
+                and await self.d.store.inbound_open(item.ref):
+            # recorded by a worker that died before queueing it: this copy is queued (the
+            # queue holds one job per inbound id, the store starts one turn per inbound)
+            log.info("inbound %s was recorded but not processed; queueing it", item.ref)
+            receipt = Receipt(True)
         if not receipt.accepted:
             return receipt
         if isinstance(item, Cancel):
-            return self.cancel(item)
+            return await self.cancel(item)
         if isinstance(item, Decision) and (refusal := await self.approvals.check(item)):
+            if item.ref is not None:  # settled: never replayed
+                await self.d.store.mark_inbound_done([item.ref])
             return Receipt(False, refusal)
         if isinstance(item, UserMessage) and self.lanes.running(item.conv):
             await self.d.emit(Queued(item.conv, item.ref))
         await self.lanes.submit(item.conv, item)
         return Receipt(True)
 
-    def cancel(self, item: Cancel) -> Receipt:
-        """Out of band: the running turn (the button's own) stops at its next checkpoint."""
+    async def cancel(self, item: Cancel) -> Receipt:
+        """Out of band: the running turn (the button's own) stops at its next checkpoint,
+        on whichever worker runs it."""
         if (refusal := self.access.check(item)) is not None:
             return Receipt(False, refusal)
-        if self.lanes.cancel(item.conv, item.turn):
+        if await self.lanes.cancel_anywhere(item.conv, item.turn):
             return Receipt(True, "Cancelling…")
         self.lanes.put(item.conv, item)  # a turn waiting for a human, or nothing at all
         return Receipt(True)
@@ -113,6 +122,10 @@ class Hub:
         except ValueError:
             return None
         return found if isinstance(found, dict) else None
+
+    async def heard_in(self, key: ConvKey) -> bool:
+        """Tandem was addressed in this conversation (by any worker, at any time)."""
+        return await self.d.store.heard_in(key)
 
     def deliver(self, item: Inbound) -> None:
         """Queue an inbound whose id is already recorded (scheduled runs)."""

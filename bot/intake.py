@@ -20,7 +20,17 @@ from pathlib import Path
 
 from bot.access import Access
 from bot.config import Config
-from bot.events import Attachment, Cancel, ConvKey, Inbound, Trigger, User, UserMessage
+from bot.events import (
+    Attachment,
+    Cancel,
+    ConvKey,
+    Decision,
+    Inbound,
+    Trigger,
+    User,
+    UserMessage,
+    Verdict,
+)
 from bot.history import Said
 from bot.llm.senses import Senses
 from bot.media.receive import Received, Receiver
@@ -58,6 +68,8 @@ class Receipt:
     accepted: bool
     note: str | None = None
     """Why it was refused (shown privately to the user), or None."""
+    duplicate: bool = False
+    """Refused because its id was recorded before (a redelivery)."""
 
 
 class Intake:
@@ -77,7 +89,7 @@ class Intake:
             kind, payload = encode_inbound(item)
             if not await self.store.accept_inbound(item.ref, item.conv, kind, payload):
                 log.info("duplicate inbound %s ignored", item.ref)
-                return Receipt(False, None)
+                return Receipt(False, None, duplicate=True)
         return Receipt(True)
 
     async def said(self, batch: Sequence[UserMessage]) -> tuple[list[Said], list[str]]:
@@ -110,6 +122,10 @@ def encode_inbound(item: Inbound) -> tuple[str, str]:
             return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
                                           "prompt": item.prompt, "late": item.late,
                                           "requester": item.requester})
+        case Decision():
+            return "decision", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
+                                           "approval_id": item.approval_id,
+                                           "verdict": item.verdict.value})
         case Cancel():
             return "cancel", "{}"
         case _:
@@ -117,7 +133,8 @@ def encode_inbound(item: Inbound) -> tuple[str, str]:
 
 
 def replay(kind: str, payload: str, ref: str) -> Inbound | None:
-    """Rebuild an inbound recorded before a crash (only messages and triggers replay)."""
+    """Rebuild an inbound recorded before a crash (messages, triggers and presses replay;
+    a press recorded before it could carry its details is dropped)."""
     try:
         data = json.loads(payload)
         conv = ConvKey(**data["conv"])
@@ -129,6 +146,9 @@ def replay(kind: str, payload: str, ref: str) -> Inbound | None:
         if kind == "trigger":
             return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
                            requester=data.get("requester", ""))
+        if kind == "decision":  # checked again on the lane, as every press is
+            return Decision(conv, User(**data["user"]), data["approval_id"],
+                            Verdict(data["verdict"]), ref=ref)
     except (ValueError, KeyError, TypeError):
         log.warning("could not replay inbound %s", ref)
     return None

@@ -100,6 +100,10 @@ class Lanes(Generic[W]):
         lane.cancel.set()
         return True
 
+    async def cancel_anywhere(self, key: ConvKey, turn: int | None) -> bool:
+        """`cancel`, wherever the turn runs (in one process: here)."""
+        return self.cancel(key, turn)
+
     def running(self, key: ConvKey) -> bool:
         lane = self._lanes.get(key)
         return lane is not None and lane.cancel is not None

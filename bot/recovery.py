@@ -21,7 +21,7 @@ from bot.approvals import Approvals
 from bot.breakers import Ledger
 from bot.conversation import Conversation
 from bot.conversations import Conversations
-from bot.events import ApprovalRequested, ConvKey, Event, Inbound, User
+from bot.events import ApprovalRequested, ConvKey, Event, Inbound, TurnEnded, User
 from bot.history import CallState
 from bot.intake import replay
 from bot.runner import RAN, Runner
@@ -79,6 +79,10 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
         conv.summary_through, conv.summary = summary
         conv.skip_summarized()
     last = await store.last_turn(row.id, row.session)
+    if last is not None and last.status == "done" and last.unshown is not None:
+        log.info("showing the end of turn %d of %s (stored, never shown)", last.turn, key)
+        await runner.show_end(row, TurnEnded(key, last.turn, last.unshown,
+                                             last.reason or "completed"))
     if last is not None and last.status != "done":
         calls = await store.turn_calls(row.id, row.session, last.turn)
         state = t.TurnState(

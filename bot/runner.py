@@ -36,7 +36,7 @@ from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
 from bot.mcp import Servers
 from bot.prompt import Prompt, Request
 from bot.redact import Redactor
-from bot.store import ApprovalRow, Store, Usage
+from bot.store import ApprovalRow, ConvRow, Store, Usage
 from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
 
 log = logging.getLogger(__name__)
@@ -120,14 +120,21 @@ class Runner:
                     events.append(Notice(row.key, text))
                 case t.Close() as closed:
                     await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                                closed.reason.value)
+                                                closed.reason.value, show=closed.text)
                 case _:
                     assert_never(effect)
         self._keep(conv, state, done=closed is not None)
         for event in events:
             await self.d.emit(event)
         if closed is not None and closed.text is not None:
-            await self.d.emit(TurnEnded(row.key, state.turn, closed.text, closed.reason.value))
+            await self.show_end(row, TurnEnded(row.key, state.turn, closed.text,
+                                               closed.reason.value))
+
+    async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
+        """Show a turn's end, then note that it was shown (until then the store keeps the
+        text, for whichever process loads the conversation next to show it)."""
+        await self.d.emit(event)
+        await self.d.store.shown(row.id, row.session, event.turn)
 
     async def _finished(self, conv: Conversation, state: t.TurnState, call_id: str,
                         outcome: Outcome, text: str) -> None:
@@ -383,14 +390,14 @@ class Runner:
         await self.apply(conv, step)  # unfinished calls are interrupted, live cards close
         last, counted = scratch.final or (scratch.partial, None)
         row = conv.row
+        shown = scratch.partial or (scratch.final[0] if scratch.final else None)
+        text = t.final_text(step.state, reason, scratch.answer, shown.content if shown else "")
         stored = await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                             reason.value, last, step=counted)
+                                             reason.value, last, step=counted, show=text)
         if stored is not None:
             conv.append(stored)
         self._keep(conv, step.state, done=True)
-        shown = scratch.partial or (scratch.final[0] if scratch.final else None)
-        text = t.final_text(step.state, reason, scratch.answer, shown.content if shown else "")
-        await self.d.emit(TurnEnded(row.key, state.turn, text, reason.value))
+        await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value))
 
     async def _progress(self, conv: Conversation, state: t.TurnState, phase: Phase,
                         scratch: _Scratch, tool: str | None = None) -> None:

@@ -82,7 +82,10 @@ class Worker:
             self.convs.drop(key)
         try:
             conv = await self.convs.get(key)
-            await self._dispatch(conv, batch)
+            if self.lanes.shared:
+                batch = await self._unsettled(conv, batch)
+            if batch:
+                await self._dispatch(conv, batch)
         except Exception as exc:
             log.error("failed to handle %s in %s", type(batch[0]).__name__, key, exc_info=True)
             self.convs.drop(key)  # reload (and repair) from the store next time
@@ -95,6 +98,16 @@ class Worker:
             if cached is None or cached.turn is None:
                 self.lanes.unpark(key)
 
+    async def _unsettled(self, conv: Conversation, batch: list[Work]) -> list[Work]:
+        """With several workers: a turn that a dead worker left ready to go on (its human
+        had decided, or its tool was cut) goes on first, and items that a dead worker
+        had processed already (its job is run again) are dropped."""
+        if conv.turn is not None and not conv.turn.waiting:
+            await self._drive(conv, resumed=True)
+        return [item for item in batch
+                if not isinstance(item, UserMessage | Trigger | Decision) or item.ref is None
+                or await self.d.store.inbound_open(item.ref)]
+
     async def _dispatch(self, conv: Conversation, batch: list[Work]) -> None:
         match item := batch[0]:
             case UserMessage():
@@ -102,7 +115,10 @@ class Worker:
             case Trigger():
                 await self._trigger(conv, item)
             case Decision():
-                if await self.approvals.decide(conv, item):
+                go_on = await self.approvals.decide(conv, item)
+                if item.ref is not None:
+                    await self.d.store.mark_inbound_done([item.ref])
+                if go_on:
                     await self._drive(conv, resumed=True)
             case Expiry():
                 if await self.approvals.expire(conv, item.approval_id):

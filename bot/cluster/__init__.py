@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.cluster.codec import decode, encode
-from bot.events import ConvKey, Trigger, UserMessage
+from bot.events import ConvKey, Decision, Trigger, UserMessage
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ class Cluster:
         if at is None:
             import procrastinate.exceptions
 
-            ref = getattr(item, "ref", None) if isinstance(item, UserMessage | Trigger) \
-                else None
+            ref = getattr(item, "ref", None) \
+                if isinstance(item, UserMessage | Trigger | Decision) else None
             try:  # an inbound's id is its queueing lock: it waits in the queue once
                 await self._app.configure_task(TASK, lock=str(item.conv), queueing_lock=ref) \
                     .defer_async(item=encode(item))
@@ -217,15 +217,29 @@ class Cluster:
             await conn.close()
 
     async def _sweep(self) -> None:
-        """Jobs of dead workers go back to the queue (another worker takes them)."""
+        """Jobs of dead workers go back to the queue (another worker takes them); one
+        whose inbound was queued again meanwhile (a redelivery) is dropped instead."""
+        import procrastinate
+
+        manager = self._app.job_manager
         try:
-            stalled = await self._app.job_manager.get_stalled_jobs(
-                queue=QUEUE, seconds_since_heartbeat=STALLED_S)
-            for job in stalled:
-                log.warning("cluster: job %s of a dead worker is retried", job.id)
-                await self._app.job_manager.retry_job(job)
+            stalled = await manager.get_stalled_jobs(queue=QUEUE,
+                                                     seconds_since_heartbeat=STALLED_S)
         except Exception:
-            log.warning("cluster: could not sweep stalled jobs", exc_info=True)
+            log.warning("cluster: could not look for stalled jobs", exc_info=True)
+            return
+        for job in stalled:
+            try:
+                try:
+                    await manager.retry_job(job)
+                    log.warning("cluster: job %s of a dead worker is retried", job.id)
+                except procrastinate.exceptions.UniqueViolation:
+                    await manager.finish_job(job, procrastinate.jobs.Status.ABORTED,
+                                             delete_job=True)
+                    log.warning("cluster: job %s of a dead worker is queued again already",
+                                job.id)
+            except Exception:
+                log.warning("cluster: could not retry job %s", job.id, exc_info=True)
 
 
 async def ensure_queue_schema(url: str) -> None:

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 W = TypeVar("W")
 PARKED_AGAIN_S = 5.0
 """A parked item is offered again after this long."""
+EARLY_CANCEL_S = 5.0
+"""A Cancel that came before its turn began here counts this long."""
 
 
 class ClusterLanes(Lanes[W], Generic[W]):
@@ -42,6 +44,8 @@ class ClusterLanes(Lanes[W], Generic[W]):
         """Turns running on other workers, as they announced them."""
         self._here: dict[ConvKey, int] = {}
         """Jobs running on this worker, per conversation."""
+        self._early: dict[ConvKey, int | None] = {}
+        """A Cancel for a job running here whose turn had not begun yet (its number)."""
         self._deferring: set[asyncio.Task[None]] = set()
         self._jobs: set[asyncio.Future[Any]] = set()
 
@@ -112,6 +116,8 @@ class ClusterLanes(Lanes[W], Generic[W]):
 
     def begin(self, key: ConvKey, turn: int) -> asyncio.Event:
         event = super().begin(key, turn)
+        if self._early.pop(key, -1) in (None, turn):  # its Cancel came while it loaded
+            event.set()
         self.cluster.signal({"kind": "running", "conv": asdict(key), "turn": turn})
         return event
 
@@ -119,13 +125,16 @@ class ClusterLanes(Lanes[W], Generic[W]):
         super().end(key)
         self.cluster.signal({"kind": "ended", "conv": asdict(key)})
 
-    def cancel(self, key: ConvKey, turn: int | None) -> bool:
-        if super().cancel(key, turn):
+    async def cancel_anywhere(self, key: ConvKey, turn: int | None) -> bool:
+        """Here, or on the worker that runs it: the store says which turn runs (a worker
+        that started after the turn began never heard it announced)."""
+        if self.cancel(key, turn):
             return True
-        running = self._remote.get(key)
-        if running is None or turn not in (None, running):
+        row = await self.store.conversation(key)
+        last = await self.store.last_turn(row.id, row.session)
+        if last is None or last.status != "running" or turn not in (None, last.turn):
             return False
-        self.cluster.signal({"kind": "cancel", "conv": asdict(key), "turn": turn})
+        self.cluster.signal({"kind": "cancel", "conv": asdict(key), "turn": last.turn})
         return True
 
     def _on_signal(self, message: dict[str, Any]) -> None:
@@ -138,7 +147,11 @@ class ClusterLanes(Lanes[W], Generic[W]):
             case "ended":
                 self._remote.pop(key, None)
             case "cancel":
-                super().cancel(key, message.get("turn"))
+                turn = message.get("turn")
+                if not self.cancel(key, turn) and key in self._here:
+                    self._early[key] = turn  # its job runs here, the turn not yet
+                    asyncio.get_running_loop().call_later(
+                        EARLY_CANCEL_S, lambda: self._early.pop(key, None))
 
     def running(self, key: ConvKey) -> bool:
         return super().running(key) or key in self._remote

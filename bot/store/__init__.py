@@ -23,6 +23,10 @@ Usage = tuple[int, int, float]
 """A model call's prompt tokens, completion tokens and cost."""
 
 
+OPEN_KINDS = ("message", "trigger", "decision")
+"""Inbound kinds that stay open until processed (a crash in between replays them)."""
+
+
 def new_id() -> str:
     """A short random id (approvals, rules, jobs)."""
     return uuid.uuid4().hex[:12]
@@ -49,6 +53,9 @@ class TurnRow:
     requester: str
     unattended: bool
     reason: str | None = None
+    unshown: str | None = None
+    """A done turn's final text while it is not known to be shown in the chat (a
+    process died between storing the answer and showing it): shown by the next load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +154,18 @@ class Store(Protocol):
         """The latest `limit` FINISHED calls of the session, oldest first."""
     async def end_turn(self, conv_id: int, session: int, turn: int, status: str,
                        reason: str | None, last: Msg | None = None, *,
-                       step: tuple[int, Usage | None] | None = None) -> Msg | None:
+                       step: tuple[int, Usage | None] | None = None,
+                       show: str | None = None) -> Msg | None:
         """Set the turn's status and reason; `last` (a partial answer, or with `step`
         the model's final step with its step count and usage) is stored in the same
-        commit. Returns `last` as stored."""
+        commit, and so is `show`, the final text to show (the turn's `unshown` until
+        `shown`). Returns `last` as stored."""
+    async def shown(self, conv_id: int, session: int, turn: int) -> None:
+        """The turn's final text reached the chat."""
     async def last_turn(self, conv_id: int, session: int) -> TurnRow | None: ...
     async def open_turns(self) -> list[TurnRow]:
-        """Every turn not done (running or suspended), in all conversations."""
+        """Every turn not done (running or suspended) or whose end was never shown, in
+        all conversations."""
 
     # -- summaries
     async def summary(self, conv_id: int, session: int) -> tuple[int, str] | None:
@@ -166,7 +178,11 @@ class Store(Protocol):
     async def accept_inbound(self, ref: str, conv: ConvKey, kind: str, payload: str) -> bool:
         """Record an inbound id; False if it was seen before (a redelivery)."""
     async def unprocessed_inbound(self) -> list[tuple[str, str, str]]:
-        """(ref, kind, payload) of messages and triggers whose turn never began."""
+        """(ref, kind, payload) of messages, triggers and presses never processed."""
+    async def inbound_open(self, ref: str) -> bool:
+        """The inbound `ref` is recorded and not processed yet."""
+    async def heard_in(self, conv: ConvKey) -> bool:
+        """Some inbound of `conv` was recorded (Tandem was addressed there)."""
     async def mark_inbound_done(self, refs: Sequence[str]) -> None: ...
 
     # -- approvals

@@ -15,7 +15,7 @@ from bot.errors import StoreError
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, calls_from_json, calls_to_json
 from bot.media import media_from_json, media_to_json
-from bot.store import ApprovalRow, CallRow, ConvRow, TurnRow, Usage
+from bot.store import OPEN_KINDS, ApprovalRow, CallRow, ConvRow, TurnRow, Usage
 from bot.store.postgres_base import Conn, Row, conv_key, fetchone, migrate
 from bot.store.postgres_standing import PostgresStanding
 
@@ -39,7 +39,7 @@ def _turn(r: Row) -> TurnRow:
 
 
 _CALL_COLS = "call_id, name, arguments, turn, state, outcome"
-_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason"
+_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown"
 _APPROVAL_COLS = ("id, conv_id, session, call_id, tool, summary, requester, status,"
                   " created_at, expires_at, decided_by")
 
@@ -127,9 +127,10 @@ class PostgresStore(PostgresStanding):
         return None if row is None else _turn(row)
 
     async def open_turns(self) -> list[TurnRow]:
-        """Turns a stopped process left running or suspended (waiting for an approval)."""
+        """Turns a stopped process left running or suspended (waiting for an approval),
+        or ended without showing their end."""
         return [_turn(r) for r in await self._rows(
-            f"SELECT {_TURN_COLS} FROM turns WHERE status <> 'done'"
+            f"SELECT {_TURN_COLS} FROM turns WHERE status <> 'done' OR unshown IS NOT NULL"
             " ORDER BY started_at, conv_id, session, turn")]
 
     async def turn_calls(self, conv_id: int, session: int, turn: int) -> list[CallRow]:
@@ -167,12 +168,20 @@ class PostgresStore(PostgresStanding):
         return await self._count(
             "INSERT INTO inbound (ref, conv, kind, payload, done, received_at)"
             " VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT (ref) DO NOTHING",
-            (ref, str(conv), kind, payload, kind not in ("message", "trigger"),
+            (ref, str(conv), kind, payload, kind not in OPEN_KINDS,
              time.time())) == 1
 
     async def unprocessed_inbound(self) -> list[tuple[str, str, str]]:
         return [(r[0], r[1], r[2]) for r in await self._rows(
             "SELECT ref, kind, payload FROM inbound WHERE NOT done ORDER BY received_at, seq")]
+
+    async def inbound_open(self, ref: str) -> bool:
+        return await self._row("SELECT 1 FROM inbound WHERE ref=%s AND NOT done",
+                               (ref,)) is not None
+
+    async def heard_in(self, conv: ConvKey) -> bool:
+        return await self._row("SELECT 1 FROM inbound WHERE conv=%s LIMIT 1",
+                               (str(conv),)) is not None
 
     async def mark_inbound_done(self, refs: Sequence[str]) -> None:
         if refs:
@@ -214,11 +223,14 @@ class PostgresStore(PostgresStanding):
 
     async def end_turn(self, conv_id: int, session: int, turn: int, status: str,
                        reason: str | None, last: Msg | None = None, *,
-                       step: tuple[int, Usage | None] | None = None) -> Msg | None:
+                       step: tuple[int, Usage | None] | None = None,
+                       show: str | None = None) -> Msg | None:
         """End the turn; `last` (a partial answer, or with `step` the model's final step,
-        its step count and usage) is stored in the same commit. Returns it as stored."""
-        update = "UPDATE turns SET status=%s, reason=%s WHERE conv_id=%s AND session=%s AND turn=%s"
-        args = (status, reason, conv_id, session, turn)
+        its step count and usage) and `show` are stored in the same commit. Returns
+        `last` as stored."""
+        update = ("UPDATE turns SET status=%s, reason=%s, unshown=%s WHERE conv_id=%s"
+                  " AND session=%s AND turn=%s")
+        args = (status, reason, show, conv_id, session, turn)
         if last is None:
             await self._count(update, args)
             return None
@@ -229,6 +241,10 @@ class PostgresStore(PostgresStanding):
                 stored = await _insert_msg(conn, conv_id, session, last, time.time())
             await conn.execute(update, args)
             return stored
+
+    async def shown(self, conv_id: int, session: int, turn: int) -> None:
+        await self._count("UPDATE turns SET unshown=NULL WHERE conv_id=%s AND session=%s"
+                          " AND turn=%s", (conv_id, session, turn))
 
     # -- approvals --------------------------------------------------------------------
 

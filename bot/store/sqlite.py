@@ -15,6 +15,7 @@ from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, calls_from_json, calls_to_json
 from bot.media import media_from_json, media_to_json
 from bot.store import (
+    OPEN_KINDS,
     ApprovalRow,
     CallRow,
     ConvRow,
@@ -41,12 +42,13 @@ def _call(r: tuple[Any, ...]) -> CallRow:
 
 
 def _turn(r: tuple[Any, ...]) -> TurnRow:
-    conv_id, session, turn, status, steps, requester, unattended, reason = r
-    return TurnRow(conv_id, session, turn, status, steps, requester, bool(unattended), reason)
+    conv_id, session, turn, status, steps, requester, unattended, reason, unshown = r
+    return TurnRow(conv_id, session, turn, status, steps, requester, bool(unattended), reason,
+                   unshown)
 
 
 _CALL_COLS = "call_id, name, arguments, turn, state, outcome"
-_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason"
+_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown"
 
 
 def _insert_msg(db: sqlite3.Connection, conv_id: int, session: int, m: Msg, now: float) -> Msg:
@@ -134,9 +136,10 @@ class SQLiteStore(SQLiteStanding):
         return await self._run(fn)
 
     async def open_turns(self) -> list[TurnRow]:
-        """Turns a stopped process left running or suspended (waiting for an approval)."""
+        """Turns a stopped process left running or suspended (waiting for an approval),
+        or ended without showing their end."""
         return await self._run(lambda db: [_turn(r) for r in db.execute(
-            f"SELECT {_TURN_COLS} FROM turns WHERE status <> 'done'"
+            f"SELECT {_TURN_COLS} FROM turns WHERE status <> 'done' OR unshown IS NOT NULL"
             " ORDER BY started_at, conv_id, session, turn")])
 
     async def turn_calls(self, conv_id: int, session: int, turn: int) -> list[CallRow]:
@@ -176,7 +179,7 @@ class SQLiteStore(SQLiteStanding):
     async def accept_inbound(self, ref: str, conv: ConvKey, kind: str, payload: str) -> bool:
         """Record an inbound id; False if it was seen before. Messages and triggers stay
         open until their turn begins, so a crash in between replays them at start."""
-        done = 0 if kind in ("message", "trigger") else 1
+        done = 0 if kind in OPEN_KINDS else 1
 
         def fn(db: sqlite3.Connection) -> bool:
             cur = db.execute(
@@ -189,6 +192,14 @@ class SQLiteStore(SQLiteStanding):
     async def unprocessed_inbound(self) -> list[tuple[str, str, str]]:
         return await self._run(lambda db: [tuple(r) for r in db.execute(
             "SELECT ref, kind, payload FROM inbound WHERE done=0 ORDER BY received_at")])
+
+    async def inbound_open(self, ref: str) -> bool:
+        return await self._run(lambda db: db.execute(
+            "SELECT 1 FROM inbound WHERE ref=? AND done=0", (ref,)).fetchone() is not None)
+
+    async def heard_in(self, conv: ConvKey) -> bool:
+        return await self._run(lambda db: db.execute(
+            "SELECT 1 FROM inbound WHERE conv=? LIMIT 1", (str(conv),)).fetchone() is not None)
 
     async def mark_inbound_done(self, refs: Sequence[str]) -> None:
         await self._run(lambda db: db.executemany(
@@ -238,20 +249,27 @@ class SQLiteStore(SQLiteStanding):
 
     async def end_turn(self, conv_id: int, session: int, turn: int, status: str,
                        reason: str | None, last: Msg | None = None, *,
-                       step: tuple[int, Usage | None] | None = None) -> Msg | None:
+                       step: tuple[int, Usage | None] | None = None,
+                       show: str | None = None) -> Msg | None:
         """End the turn; `last` (a partial answer, or with `step` the model's final step,
-        its step count and usage) is stored in the same commit. Returns it as stored."""
+        its step count and usage) and `show` are stored in the same commit. Returns
+        `last` as stored."""
         def fn(db: sqlite3.Connection) -> Msg | None:
             stored = None
             if last is not None and step is not None:
                 stored = _insert_step(db, conv_id, session, last, *step, time.time())
             elif last is not None:
                 stored = _insert_msg(db, conv_id, session, last, time.time())
-            db.execute("UPDATE turns SET status=?, reason=? WHERE conv_id=? AND session=? AND"
-                       " turn=?", (status, reason, conv_id, session, turn))
+            db.execute("UPDATE turns SET status=?, reason=?, unshown=? WHERE conv_id=? AND"
+                       " session=? AND turn=?", (status, reason, show, conv_id, session, turn))
             return stored
 
         return await (self._run(fn) if last is None else self._tx(fn))
+
+    async def shown(self, conv_id: int, session: int, turn: int) -> None:
+        await self._run(lambda db: db.execute(
+            "UPDATE turns SET unshown=NULL WHERE conv_id=? AND session=? AND turn=?",
+            (conv_id, session, turn)))
 
     # -- approvals and rules ----------------------------------------------------------
 

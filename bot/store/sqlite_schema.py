@@ -128,4 +128,12 @@ MIGRATIONS: list[str] = [
     DROP TABLE processes;
     ALTER TABLE processes_v6 RENAME TO processes;
     """,
+    # v7: a turn's final text until it is known to be shown (a process that died in
+    # between leaves it for the next load to show), and inbound found by conversation
+    # (a Slack thread Tandem was addressed in)
+    """
+    ALTER TABLE turns ADD COLUMN unshown TEXT;
+    CREATE INDEX turns_unshown ON turns (conv_id) WHERE unshown IS NOT NULL;
+    CREATE INDEX inbound_by_conv ON inbound (conv);
+    """,
 ]

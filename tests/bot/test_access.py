@@ -250,7 +250,7 @@ async def test_a_strangers_message_is_refused_before_it_is_recorded(
         core.dispatch.sinks["telegram"] = core.sink
         refused = await core.hub.submit(UserMessage(TG, EVE, "hi", ref="tg:1"))
         assert not refused.accepted and refused.note == core.hub.access.refusal("telegram", EVE)
-        assert not core.hub.cancel(Cancel(TG, EVE)).accepted
+        assert not (await core.hub.cancel(Cancel(TG, EVE))).accepted
         assert not (await core.hub.submit(Cancel(TG, EVE, ref="tg:2"))).accepted
         # the same refs are still new: nothing of the stranger's was recorded
         assert (await core.hub.submit(UserMessage(TG, ANN, "hi", ref="tg:1"))).accepted

@@ -6,6 +6,7 @@ SQLite store, the real litellm client and the strict fake model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sqlite3
@@ -30,7 +31,7 @@ from bot.events import (
     Verdict,
 )
 from bot.history import CallState
-from tests.conftest import Core, HoldCards
+from tests.conftest import Core, HoldCards, Recorder
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
 
@@ -79,7 +80,7 @@ async def test_cancel_while_the_card_is_posted_closes_the_card(
         core.dispatch.sinks["console"] = slow
         await core.say("touch it")
         await slow.posting.wait()
-        assert core.hub.cancel(Cancel(core.key, core.user)).accepted
+        assert (await core.hub.cancel(Cancel(core.key, core.user))).accepted
         slow.release.set()
         [ended] = await core.sink.ended()
         assert ended.reason == "cancelled"
@@ -103,7 +104,7 @@ async def test_a_stale_cancel_button_does_not_cancel_a_later_turn(
         [first] = await core.sink.ended()
         await core.say("two")
         await core.sink.wait(lambda: any(p.turn != first.turn for p in core.sink.of(Progress)))
-        stale = core.hub.cancel(Cancel(core.key, core.user, turn=first.turn))
+        stale = await core.hub.cancel(Cancel(core.key, core.user, turn=first.turn))
         assert stale.note != "Cancelling…"
         ended = await core.sink.ended(2)
     assert ended[-1].reason == "completed"
@@ -328,3 +329,32 @@ async def test_summary_compaction_keeps_what_the_trim_dropped(
     # between two drops every request carries the same summary, byte for byte
     systems = {m[0]["content"] for m in answers if SUMMARY_HEADER in m[0]["content"]}
     assert len(systems) <= len(summaries)
+
+
+async def test_an_answer_stored_but_never_shown_is_shown_after_a_restart(
+        model: FakeModelServer, config_factory: Any) -> None:
+    """A process that dies between storing a turn's answer and showing it: the next start
+    shows it (once), and a start after that shows nothing more."""
+    model.script(Reply(text="The answer."))
+    config = config_factory()
+
+    class DiesBeforeShowing(Recorder):
+        async def emit(self, event: Event) -> None:
+            if isinstance(event, TurnEnded):  # the process is gone before the chat has it
+                raise ConnectionError("killed")
+            await super().emit(event)
+
+    async with Core(config) as core:
+        core.dispatch.sinks["console"] = dying = DiesBeforeShowing()
+        await core.say("question")
+        await core.hub.idle()
+        assert dying.of(TurnEnded) == []
+    async with Core(config) as fresh:
+        [ended] = await fresh.sink.ended()
+        await fresh.hub.idle()
+    assert (ended.text, ended.reason) == ("The answer.", "completed")
+    async with Core(config) as again:
+        await again.hub.idle()
+        await asyncio.sleep(0.2)
+    assert again.sink.of(TurnEnded) == []
+    assert len(model.requests) == 1

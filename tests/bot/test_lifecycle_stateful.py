@@ -262,7 +262,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         core = self.c
 
         async def cancel() -> None:
-            receipt = core.hub.cancel(Cancel(core.key, core.user))
+            receipt = await core.hub.cancel(Cancel(core.key, core.user))
             assert receipt.accepted, receipt
 
         live = self.live()
@@ -292,7 +292,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             posted = hold.posting.is_set()
             event(f"cancel_while_card_posted: card {'posted' if posted else 'never posted'}")
-            receipt = core.hub.cancel(Cancel(core.key, core.user))
+            receipt = await core.hub.cancel(Cancel(core.key, core.user))
             hold.release.set()
             await core.hub.idle()
             if posted:  # the turn ran (blocked in the emit): the cancel reached it

@@ -221,7 +221,7 @@ async def test_cancel_stops_a_hanging_call_within_a_second_and_the_server_stays_
         await core.say("hang")
         await logged(log, "called hang")
         started = time.monotonic()
-        assert core.hub.cancel(Cancel(core.key, core.user)).accepted
+        assert (await core.hub.cancel(Cancel(core.key, core.user))).accepted
         [ended] = await core.sink.ended(1)
         assert time.monotonic() - started < 1.0 and ended.reason == "cancelled"
         await logged(log, "cancelled hang", timeout=5)  # the server was told

@@ -32,6 +32,7 @@ from bot.store.postgres import PostgresStore, migrate
 from bot.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from bot.store.postgres_schema import VERSION_TABLE
 from bot.store.sqlite import SQLiteStore
+from bot.store.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests import pg
 
 PG = pg.SessionDatabase()
@@ -335,6 +336,27 @@ async def test_open_turns_are_running_and_suspended_turns_everywhere(store: Stor
     assert all(t.requester == "u1" and not t.unattended for t in found)
 
 
+async def test_an_end_is_kept_until_it_was_shown(store: Store) -> None:
+    conv = await started(store)
+    await store.end_turn(conv.id, conv.session, 1, "done", "completed",
+                         Msg("assistant", "the answer", 1), show="the answer")
+    last = await store.last_turn(conv.id, conv.session)
+    assert last is not None and (last.status, last.unshown) == ("done", "the answer")
+    # a turn that ended without being shown is open: the next start shows it
+    assert [(t.conv_id, t.turn, t.unshown) for t in await store.open_turns()] == [
+        (conv.id, 1, "the answer")]
+    await store.shown(conv.id, conv.session, 1)
+    last = await store.last_turn(conv.id, conv.session)
+    assert last is not None and last.unshown is None
+    assert await store.open_turns() == []
+    # a turn going on again has nothing to show
+    await store.begin_turn(conv.id, conv.session, [Msg("user", "two", 2)], "u1", False, [])
+    await store.end_turn(conv.id, conv.session, 2, "suspended", None, show="never")
+    await store.end_turn(conv.id, conv.session, 2, "running", None)
+    last = await store.last_turn(conv.id, conv.session)
+    assert last is not None and last.unshown is None
+
+
 async def test_history_is_per_session(store: Store) -> None:
     conv = await started(store, text="first session")
     assert await store.new_session(conv.id) == 2
@@ -472,6 +494,26 @@ async def test_inbound_is_accepted_once(store: Store) -> None:
     await store.mark_inbound_done(["t1", "unknown"])
     assert await store.unprocessed_inbound() == []
     assert not await store.accept_inbound("t1", KEY, "trigger", "{}")
+
+
+async def test_a_press_stays_open_until_it_was_applied(store: Store) -> None:
+    assert await store.accept_inbound("p1", KEY, "decision", '{"approval_id": "a1"}')
+    assert await store.inbound_open("p1")
+    assert await store.unprocessed_inbound() == [("p1", "decision", '{"approval_id": "a1"}')]
+    await store.mark_inbound_done(["p1"])
+    assert not await store.inbound_open("p1")
+    assert not await store.inbound_open("never-heard")
+    assert await store.accept_inbound("c1", KEY, "cancel", "{}")
+    assert not await store.inbound_open("c1")
+
+
+async def test_heard_in_a_conversation_by_its_inbound(store: Store) -> None:
+    thread = ConvKey("slack", "C1", "1700000000.000100")
+    assert not await store.heard_in(thread)
+    assert await store.accept_inbound("slack:C1:1700000000.000100", thread, "message", "{}")
+    assert await store.heard_in(thread)
+    assert not await store.heard_in(ConvKey("slack", "C1", "1700000000.000200"))
+    assert not await store.heard_in(ConvKey("slack", "C1"))
 
 
 # -- approvals ------------------------------------------------------------------------
@@ -758,7 +800,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     store = open_store(str(path))
     await store.open()
     try:
-        assert user_version(path) == 6
+        assert user_version(path) == len(SQLITE_MIGRATIONS)
         assert await store.integrity_check() == "ok"
         alice = await store.conversation(ConvKey("console", "alice"))
         assert (alice.id, alice.session, alice.prompt_tokens, alice.cost) == (1, 2, 30, 0.5)
@@ -826,7 +868,7 @@ async def test_a_v2_database_upgrades_without_losing_history(tmp_path: Path) -> 
     again = open_store(str(path))
     await again.open()
     try:
-        assert user_version(path) == 6
+        assert user_version(path) == len(SQLITE_MIGRATIONS)
         assert len(await again.history(1, 1)) == 6
     finally:
         await again.close()
@@ -837,7 +879,7 @@ async def test_a_fresh_database_is_current(tmp_path: Path) -> None:
     store = open_store(str(path))
     await store.open()
     await store.close()
-    assert user_version(path) == 6
+    assert user_version(path) == len(SQLITE_MIGRATIONS)
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}

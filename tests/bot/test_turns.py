@@ -165,7 +165,7 @@ async def test_cancel_mid_stream_keeps_only_plain_text(model: FakeModelServer,
     async with Core(config_factory()) as core:
         await core.say("talk")
         await core.sink.wait(lambda: any(p.text for p in core.sink.of(Progress)))
-        core.hub.cancel(Cancel(core.key, core.user))
+        await core.hub.cancel(Cancel(core.key, core.user))
         [ended] = await core.sink.ended()
         assert ended.reason == "cancelled" and ended.text.endswith("⏹ Cancelled.")
         assert 0 < len(ended.text) < len(long)
@@ -187,7 +187,7 @@ async def test_cancel_stops_a_running_tool_and_kills_its_process(
         await core.say("sleep")
         await core.sink.wait(lambda: any(p.tool == "shell" for p in core.sink.of(Progress)))
         started = time.monotonic()
-        core.hub.cancel(Cancel(core.key, core.user))
+        await core.hub.cancel(Cancel(core.key, core.user))
         [ended] = await core.sink.ended()
         assert time.monotonic() - started < 2
         assert ended.reason == "cancelled"
@@ -376,7 +376,7 @@ def _cancelling_tool(core_ref: list[Core]) -> Any:
 
     async def press_cancel(_ctx: Any, _args: dict[str, Any]) -> str:
         core = core_ref[0]
-        core.hub.cancel(Cancel(core.key, core.user))
+        await core.hub.cancel(Cancel(core.key, core.user))
         return "done"
 
     return Tool("press", "test tool", {"type": "object", "properties": {}}, press_cancel,

@@ -76,18 +76,24 @@ class Shared:
         return found
 
 
+async def join(shared: Shared, config: Config) -> Worker:
+    """One more worker on the cluster's database."""
+    assert config.store.url is not None
+    cluster = Cluster(config.store.url, concurrency=4)
+    hub, dispatch = build(config, cluster=cluster)
+    dispatch.sinks["console"] = shared.sink(len(shared.workers))
+    await hub.d.store.open()
+    await cluster.start()
+    shared.workers.append(Worker(hub, cluster))
+    return shared.workers[-1]
+
+
 @asynccontextmanager
 async def cluster_of(n: int, config: Config) -> AsyncIterator[Shared]:
     shared = Shared()
     try:
-        for i in range(n):
-            assert config.store.url is not None
-            cluster = Cluster(config.store.url, concurrency=4)
-            hub, dispatch = build(config, cluster=cluster)
-            dispatch.sinks["console"] = shared.sink(i)
-            await hub.d.store.open()
-            await cluster.start()
-            shared.workers.append(Worker(hub, cluster))
+        for _ in range(n):
+            await join(shared, config)
         yield shared
     finally:
         for w in shared.workers:
@@ -153,7 +159,7 @@ async def test_cancel_given_to_another_worker_stops_the_turn_within_a_second(
         other = shared.workers[1 - where].hub
         await shared.wait(lambda: other.running(key), timeout=5)  # it heard "running"
         pressed = time.monotonic()
-        receipt = other.cancel(Cancel(key, ANN, ref="console:c:2", turn=started.turn))
+        receipt = await other.cancel(Cancel(key, ANN, ref="console:c:2", turn=started.turn))
         assert receipt.accepted and receipt.note == "Cancelling…"
         [ended] = await shared.wait(lambda: shared.of(TurnEnded))
         took = time.monotonic() - pressed
@@ -207,3 +213,90 @@ async def test_inbound_a_dead_worker_recorded_but_never_queued_is_answered_once(
         await asyncio.sleep(6)  # another sweep finds nothing more to do
         assert [e.text for e in shared.of(TurnEnded)] == ["echo lost and found"]
     assert ended.conv == key
+
+
+async def test_cancel_given_to_a_worker_that_started_after_the_turn_began(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    model.script(Reply(text="slow " * 400, chunk_size=2, chunk_delay=0.02))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "late")
+    async with cluster_of(1, config) as shared:
+        await shared.workers[0].hub.submit(UserMessage(key, ANN, "talk", ref="console:l:1"))
+        [started] = await shared.wait(lambda: shared.of(TurnStarted))
+        late = await join(shared, config)  # it never heard the turn announced
+        pressed = time.monotonic()
+        receipt = await late.hub.cancel(Cancel(key, ANN, ref="console:l:2", turn=started.turn))
+        assert receipt.accepted and receipt.note == "Cancelling…"
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
+        took = time.monotonic() - pressed
+    assert ended.reason == "cancelled" and took < 1.0, (ended, took)
+
+
+async def test_a_redelivered_copy_of_inbound_recorded_but_never_queued_is_queued_at_once(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    """Its worker died between recording and queueing it; the copy that comes again (to
+    another worker) is queued there, not refused as a duplicate, and answered once in
+    its place, long before the leader's sweep would find it."""
+    model.responder = echo
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "again")
+    async with cluster_of(2, config) as shared:
+        first = UserMessage(key, ANN, "first", ref="console:a:1")
+        assert (await shared.workers[0].hub.intake.accept(first)).accepted  # then it died
+        sent = time.monotonic()
+        assert (await shared.workers[1].hub.submit(first)).accepted
+        await shared.workers[1].hub.submit(UserMessage(key, ANN, "second", ref="console:a:2"))
+        await shared.wait(lambda: len(shared.of(TurnEnded)) >= 2)
+        took = time.monotonic() - sent
+        await asyncio.sleep(6)  # the sweep finds nothing more to do
+        texts = [e.text for e in shared.of(TurnEnded)]
+    assert texts == ["echo first", "echo second"] and took < 3.0, (texts, took)
+
+
+async def _asked(shared: Shared, key: ConvKey) -> tuple[int, ApprovalRequested]:
+    await shared.workers[0].hub.submit(UserMessage(key, ANN, "run it", ref=f"{key}:1"))
+    [(where, card)] = await shared.wait(
+        lambda: [(i, e) for i, e in shared.events() if isinstance(e, ApprovalRequested)])
+    return where, card
+
+
+@pytest.mark.parametrize("how", ["sweep", "redelivery"])
+async def test_a_press_recorded_but_never_queued_is_not_lost(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str,
+        how: str) -> None:
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo hi"})]),
+                 Reply(text="It printed hi."))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", f"press-{how}")
+    async with cluster_of(2, config) as shared:
+        where, card = await _asked(shared, key)
+        press = Decision(key, ANN, card.approval_id, Verdict.APPROVE, ref=f"{key}:2")
+        assert (await shared.workers[where].hub.intake.accept(press)).accepted  # then died
+        if how == "redelivery":
+            assert (await shared.workers[1 - where].hub.submit(press)).accepted
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded), timeout=15)
+    assert ended.text == "It printed hi."
+
+
+async def test_a_turn_whose_press_was_applied_when_its_worker_died_goes_on(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    """The press was applied (the call allowed) and the worker died before the turn went
+    on: the job, run again by another worker, finds the turn ready and drives it."""
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo hi"})]),
+                 Reply(text="It printed hi."))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "applied")
+    async with cluster_of(2, config) as shared:
+        where, card = await _asked(shared, key)
+        press = Decision(key, ANN, card.approval_id, Verdict.APPROVE, ref=f"{key}:2")
+        dead = shared.workers[where].hub
+        assert (await dead.intake.accept(press)).accepted
+        conv = await dead.worker.convs.get(key)
+        assert await dead.approvals.decide(conv, press)  # applied; never driven
+        shared.workers[1 - where].hub.lanes.put(key, press)  # its job, run again
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded), timeout=15)
+        await asyncio.sleep(0.5)
+    assert ended.text == "It printed hi."
+    assert len(shared.of(TurnEnded)) == 1
+    results = [m["content"] for m in model.last_messages() if m["role"] == "tool"]
+    assert results and "hi" in results[0]

@@ -178,9 +178,9 @@ class RecordingHub:
         self.items: list[Any] = []
 
     async def submit(self, item: Any) -> Receipt:
-        return self.cancel(item)
+        return await self.cancel(item)
 
-    def cancel(self, item: Any) -> Receipt:
+    async def cancel(self, item: Any) -> Receipt:
         if (refusal := self.access.check(item)) is not None:
             return Receipt(False, refusal)
         self.items.append(item)
