@@ -123,6 +123,11 @@ class LiveMessage(Generic[Ref]):
         else:
             await self._open_now()
 
+    def adopt(self, ref: Ref) -> None:
+        """Take over a message already on screen (a placeholder another process posted)
+        as this one's first: `finish` edits it rather than posting anew."""
+        self._shown.append(_Shown(ref, ""))
+
     async def show(self) -> None:
         """Have the placeholder on screen now, due or not (say, above an approval card)."""
         await self._stop_opener(land=True)

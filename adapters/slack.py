@@ -79,7 +79,7 @@ from adapters.slack_render import (
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, unpack
 from bot.config import Config
-from bot.errors import ConfigError, TandemError
+from bot.errors import ConfigError, StoreError, TandemError
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -674,15 +674,33 @@ class SlackAdapter:
             case TurnEnded(text=text) | Suspended(text=text):
                 if isinstance(event, Suspended):
                     text = paused_for_approval(text)
-                if (ending := self._live.pop(conv, None)) is not None:
+                ending = self._live.pop(conv, None)
+                if ending is None and isinstance(event, TurnEnded) and event.live \
+                        and isinstance(ts := event.live.get("ts"), str):
+                    # another process ran the turn and died: its placeholder becomes it
+                    ending = self._new_live(conv, event.turn)
+                    ending.adopt(ts)
+                if ending is not None:
                     await ending.finish(text)
                     await ending.close()
                 else:
                     await self._post(conv, text)
 
     def _new_live(self, conv: ConvKey, turn: int) -> Live:
+        """The turn's live message; where its placeholder lands is kept in the store."""
+        kept = False
+
         async def post(text: str, live: bool) -> str | None:
-            return await self._live_post(conv, text, live, turn)
+            nonlocal kept
+            ts = await self._live_post(conv, text, live, turn)
+            if live and not kept and ts is not None:
+                kept = True
+                try:
+                    await self.hub.remember_live(conv, turn, {"ts": ts})
+                except StoreError:  # only a later process's convenience: the turn goes on
+                    log.warning("slack: could not keep where turn %d's message is", turn,
+                                exc_info=True)
+            return ts
 
         async def edit(ts: str | None, text: str, live: bool) -> None:
             await self._live_edit(conv, ts, text, live, turn)

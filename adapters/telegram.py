@@ -62,7 +62,7 @@ from adapters.telegram_webhook import ALLOWED_UPDATES, WebhookServer
 from bot.app import Dispatch
 from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
-from bot.errors import ConfigError, TandemError, user_message
+from bot.errors import ConfigError, StoreError, TandemError, user_message
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -415,7 +415,7 @@ class TelegramAdapter:
                 case Progress():
                     self._progress(event)
                 case TurnEnded():
-                    await self._turn_ended(event.conv, event.text)
+                    await self._turn_ended(event.conv, event.text, event)
                 case Suspended():
                     await self._turn_ended(event.conv, paused_for_approval(event.text))
                 case ApprovalRequested() if event.reminder:
@@ -437,13 +437,34 @@ class TelegramAdapter:
         if old is not None:
             await self._end(old)
         chat, thread = _where(conv)
-        live: LiveMessage[Posted] = LiveMessage(
-            lambda text, on: self._live_post(chat, thread, text, on, number), self._live_edit,
-            limit=MAX_TEXT, min_interval=self.min_edit_interval,
-            hold=lambda: self.api.edit_at(chat))
+        live = self._new_live(conv, number)
         turn = self._turns[conv] = _Turn(live)
         turn.typing = asyncio.get_running_loop().create_task(self._typing(chat, thread, turn))
         await live.open(turn.status, delay=self.placeholder_delay)
+
+    def _new_live(self, conv: ConvKey, number: int) -> LiveMessage[Posted]:
+        """The turn's live message; where its placeholder lands is kept in the store."""
+        chat, thread = _where(conv)
+        kept = False
+
+        async def post(text: str, on: bool) -> Posted:
+            nonlocal kept
+            posted = await self._live_post(chat, thread, text, on, number)
+            if on and not kept and posted.message_id is not None:
+                kept = True
+                await self._remember_live(conv, number, {"message_id": posted.message_id})
+            return posted
+
+        return LiveMessage(post, self._live_edit, limit=MAX_TEXT,
+                           min_interval=self.min_edit_interval,
+                           hold=lambda: self.api.edit_at(chat))
+
+    async def _remember_live(self, conv: ConvKey, number: int, where: dict[str, Any]) -> None:
+        try:
+            await self.hub.remember_live(conv, number, where)
+        except StoreError:  # only a later process's convenience: the turn goes on
+            log.warning("Telegram: could not keep where turn %d's message is", number,
+                        exc_info=True)
 
     def _progress(self, event: Progress) -> None:
         turn = self._turns.get(event.conv)
@@ -484,8 +505,17 @@ class TelegramAdapter:
         await self._stop_typing(turn)
         await turn.live.close()
 
-    async def _turn_ended(self, conv: ConvKey, text: str) -> None:
+    async def _turn_ended(self, conv: ConvKey, text: str,
+                          ended: TurnEnded | None = None) -> None:
         turn = self._turns.pop(conv, None)
+        if turn is None and ended is not None and ended.live \
+                and isinstance(message_id := ended.live.get("message_id"), int):
+            # another process ran the turn and died: its placeholder becomes the answer
+            live = self._new_live(conv, ended.turn)
+            live.adopt(Posted(*_where(conv), message_id, ended.turn))
+            await live.finish(text)
+            await live.close()
+            return
         if turn is None:
             await self._notice(conv, text, ())
             return

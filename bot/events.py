@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,10 @@ class TurnEnded:
     turn: int
     text: str
     reason: str
+    live: dict[str, Any] | None = field(default=None, compare=False)
+    """Where another process posted the turn's live message (what the platform's adapter
+    told `Hub.remember_live`), when this end is shown by a process that did not run the
+    turn: the adapter finishes that message rather than posting the text anew."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,10 @@ from bot.media import Media, wire_content
 
 MESSAGE_OVERHEAD_TOKENS = 4
 
+THREAD_CONTEXT = "[Earlier in this thread]"
+"""Opens a user message that carries earlier messages of a thread (read from the platform,
+written by anyone there: content from outside)."""
+
 Said = tuple[str, tuple[Media, ...]]
 """What a user said in one message: the text for the model and the media with it."""
 

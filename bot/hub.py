@@ -123,6 +123,12 @@ class Hub:
             return None
         return found if isinstance(found, dict) else None
 
+    async def remember_live(self, key: ConvKey, turn: int, where: dict[str, Any]) -> None:
+        """Keep where a turn's live message was posted (platform-specific fields), so that
+        a process that shows the turn's end after this one died finishes that message."""
+        row = await self.d.store.conversation(key)
+        await self.d.store.set_live(row.id, row.session, turn, json.dumps(where))
+
     async def heard_in(self, key: ConvKey) -> bool:
         """Tandem was addressed in this conversation (by any worker, at any time)."""
         return await self.d.store.heard_in(key)

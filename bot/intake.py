@@ -31,7 +31,7 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
-from bot.history import Said
+from bot.history import THREAD_CONTEXT, Said
 from bot.llm.senses import Senses
 from bot.media.receive import Received, Receiver
 from bot.store import Store
@@ -106,7 +106,7 @@ class Intake:
             if not words and not got.media:
                 continue
             author = message.user.name or message.user.id
-            context = (f"[Earlier in this thread]\n{message.context}\n\n"
+            context = (f"{THREAD_CONTEXT}\n{message.context}\n\n"
                        if message.context else "")
             said.append((f"{context}[{author}] {words}", tuple(got.media)))
         return said, notes

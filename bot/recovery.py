@@ -11,10 +11,12 @@ turn is rebuilt from its record and processed at the next start.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bot import turn as t
 from bot.approvals import Approvals
@@ -82,7 +84,7 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
     if last is not None and last.status == "done" and last.unshown is not None:
         log.info("showing the end of turn %d of %s (stored, never shown)", last.turn, key)
         await runner.show_end(row, TurnEnded(key, last.turn, last.unshown,
-                                             last.reason or "completed"))
+                                             last.reason or "completed", _live(last.live)))
     if last is not None and last.status != "done":
         calls = await store.turn_calls(row.id, row.session, last.turn)
         state = t.TurnState(
@@ -108,3 +110,11 @@ async def _approval_id(store: Store, conv: Conversation, call: CallRow) -> str |
         return None
     approval = await store.approval_for_call(conv.row.id, conv.row.session, call.call.id)
     return approval.id if approval is not None and approval.status == "pending" else None
+
+
+def _live(raw: str | None) -> dict[str, Any] | None:
+    try:
+        found = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

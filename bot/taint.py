@@ -1,11 +1,13 @@
 """Untrusted content taints the conversation while the model can see it.
 
-A tool marked `untrusted` (a fetched page; later MCP results, uploads, fetched threads)
-returns content Tandem did not get from its users. While such a result is in the window
-the model sees (this turn, or an earlier one the trim has kept), a call that writes
-lasting state or sends data out (`Tool.lasting`), or that reaches a URL the users never
-gave (`Tool.reaches`: a URL the model composed can carry chat content out), asks a human
-whatever its policy says. The taint ends with `/new` or when the trim drops the content.
+A tool marked `untrusted` (a fetched page, an MCP server's result) returns content Tandem
+did not get from its users; so do files the users upload (their content is not their
+words) and the earlier messages of a thread, read from the platform when Tandem joins
+it. While such content is in the window the model sees (this turn, or an earlier one
+the trim has kept), a call that writes lasting state or sends data out (`Tool.lasting`),
+or that reaches a URL the users never gave (`Tool.reaches`: a URL the model composed can
+carry chat content out), asks a human whatever its policy says. The taint ends with
+`/new` or when the trim drops the content.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Container
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bot.history import Msg
+from bot.history import THREAD_CONTEXT, Msg
 from bot.tools import Registry, Tool, visible
 
 SOURCE_CHARS = 80
@@ -32,21 +34,34 @@ class Taint:
 
 def taint(window: list[Msg], tools: Registry,
           unread: Container[str] = frozenset()) -> Taint | None:
-    """The most recent untrusted result in `window`, if any; calls in `unread` never ran,
-    so their results are not content from outside."""
+    """The most recent content from outside in `window`, if any: an untrusted tool's
+    result (calls in `unread` never ran, so theirs are not content from outside), a file
+    a user uploaded, or earlier messages of a thread read from the platform."""
     calls: dict[str, tuple[str, str]] = {}
-    found: Msg | None = None
+    source: str | None = None
     for msg in window:
         for call in msg.tool_calls:
             calls[call.id] = (call.name, call.arguments)
-        if msg.role == "tool" and msg.name:
+        if msg.role == "user":
+            source = _brought(msg) or source
+        elif msg.role == "tool" and msg.name:
             tool = tools.get(msg.name)
             if tool is not None and tool.untrusted and msg.tool_call_id not in unread:
-                found = msg
-    if found is None or found.name is None:
-        return None
-    name, arguments = calls.get(found.tool_call_id or "", (found.name, "{}"))
-    return Taint(_describe(tools.get(name), name, arguments))
+                name, arguments = calls.get(msg.tool_call_id or "", (msg.name, "{}"))
+                source = _describe(tools.get(name), name, arguments)
+    return None if source is None else Taint(source)
+
+
+def _brought(msg: Msg) -> str | None:
+    """What a user's message brought from outside: an uploaded file (a recording is the
+    user's own words) or a thread's earlier messages."""
+    files = [m.name for m in msg.media if m.kind != "audio"]
+    if files:
+        name = files[-1] if len(files[-1]) <= SOURCE_CHARS else files[-1][:SOURCE_CHARS] + "…"
+        return visible(f"the uploaded file {name}")
+    if msg.content.startswith(THREAD_CONTEXT):
+        return "earlier messages of this thread"
+    return None
 
 
 def without_untrusted(messages: list[Msg], tools: Registry) -> list[Msg]:
@@ -58,6 +73,9 @@ def without_untrusted(messages: list[Msg], tools: Registry) -> list[Msg]:
         if tool is not None and tool.untrusted:
             msg = replace(msg, content=f"[the result of {msg.name} is left out: it came from "
                                        "outside and is not kept]")
+        elif msg.role == "user" and msg.content.startswith(THREAD_CONTEXT):
+            words = msg.content[msg.content.rfind("\n\n[") + 2:]
+            msg = replace(msg, content=f"[earlier messages of the thread are left out]\n{words}")
         out.append(msg)
     return out
 

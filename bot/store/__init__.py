@@ -56,6 +56,9 @@ class TurnRow:
     unshown: str | None = None
     """A done turn's final text while it is not known to be shown in the chat (a
     process died between storing the answer and showing it): shown by the next load."""
+    live: str | None = None
+    """Where the turn's live message (its placeholder) was posted: the platform's own
+    JSON, so that another process can finish that message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,8 @@ class Store(Protocol):
         `shown`). Returns `last` as stored."""
     async def shown(self, conv_id: int, session: int, turn: int) -> None:
         """The turn's final text reached the chat."""
+    async def set_live(self, conv_id: int, session: int, turn: int, where: str) -> None:
+        """Where the turn's live message was posted (the platform's own JSON)."""
     async def last_turn(self, conv_id: int, session: int) -> TurnRow | None: ...
     async def open_turns(self) -> list[TurnRow]:
         """Every turn not done (running or suspended) or whose end was never shown, in

@@ -39,7 +39,7 @@ def _turn(r: Row) -> TurnRow:
 
 
 _CALL_COLS = "call_id, name, arguments, turn, state, outcome"
-_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown"
+_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown, live"
 _APPROVAL_COLS = ("id, conv_id, session, call_id, tool, summary, requester, status,"
                   " created_at, expires_at, decided_by")
 
@@ -245,6 +245,10 @@ class PostgresStore(PostgresStanding):
     async def shown(self, conv_id: int, session: int, turn: int) -> None:
         await self._count("UPDATE turns SET unshown=NULL WHERE conv_id=%s AND session=%s"
                           " AND turn=%s", (conv_id, session, turn))
+
+    async def set_live(self, conv_id: int, session: int, turn: int, where: str) -> None:
+        await self._count("UPDATE turns SET live=%s WHERE conv_id=%s AND session=%s"
+                          " AND turn=%s", (where, conv_id, session, turn))
 
     # -- approvals --------------------------------------------------------------------
 

@@ -88,10 +88,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE processes ADD PRIMARY KEY (owner, pid);
     """,
     # v4: a turn's final text until it is known to be shown (a worker that died in
-    # between leaves it for the next load to show), and inbound found by conversation
+    # between leaves it for the next load to show, in the turn's live message if it had
+    # one), and inbound found by conversation
     # (a Slack thread Tandem was addressed in, whichever worker heard it)
     """
     ALTER TABLE turns ADD COLUMN unshown TEXT;
+    ALTER TABLE turns ADD COLUMN live TEXT;
     CREATE INDEX turns_unshown ON turns (conv_id) WHERE unshown IS NOT NULL;
     CREATE INDEX inbound_by_conv ON inbound (conv);
     """,

@@ -42,13 +42,13 @@ def _call(r: tuple[Any, ...]) -> CallRow:
 
 
 def _turn(r: tuple[Any, ...]) -> TurnRow:
-    conv_id, session, turn, status, steps, requester, unattended, reason, unshown = r
+    conv_id, session, turn, status, steps, requester, unattended, reason, unshown, live = r
     return TurnRow(conv_id, session, turn, status, steps, requester, bool(unattended), reason,
-                   unshown)
+                   unshown, live)
 
 
 _CALL_COLS = "call_id, name, arguments, turn, state, outcome"
-_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown"
+_TURN_COLS = "conv_id, session, turn, status, steps, requester, unattended, reason, unshown, live"
 
 
 def _insert_msg(db: sqlite3.Connection, conv_id: int, session: int, m: Msg, now: float) -> Msg:
@@ -270,6 +270,11 @@ class SQLiteStore(SQLiteStanding):
         await self._run(lambda db: db.execute(
             "UPDATE turns SET unshown=NULL WHERE conv_id=? AND session=? AND turn=?",
             (conv_id, session, turn)))
+
+    async def set_live(self, conv_id: int, session: int, turn: int, where: str) -> None:
+        await self._run(lambda db: db.execute(
+            "UPDATE turns SET live=? WHERE conv_id=? AND session=? AND turn=?",
+            (where, conv_id, session, turn)))
 
     # -- approvals and rules ----------------------------------------------------------
 

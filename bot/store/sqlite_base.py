@@ -67,11 +67,21 @@ class SQLiteBase:
         if self._db is None:
             raise StoreError("the store is closed")
         conn = self._db
+
+        def call() -> T:
+            result = fn(conn._conn)
+            if isinstance(result, sqlite3.Cursor):
+                # finished in the connection's thread: a cursor freed in another thread
+                # resets its statement while this thread runs the next one ("misuse")
+                result.close()
+                return None  # type: ignore[return-value]
+            return result
+
         try:
-            result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+            done: T = await conn._execute(call)  # type: ignore[no-untyped-call]
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
-        return result
+        return done
 
     async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def wrapped(db: sqlite3.Connection) -> T:

@@ -129,10 +129,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE processes_v6 RENAME TO processes;
     """,
     # v7: a turn's final text until it is known to be shown (a process that died in
-    # between leaves it for the next load to show), and inbound found by conversation
+    # between leaves it for the next load to show, in the turn's live message if it had
+    # one), and inbound found by conversation
     # (a Slack thread Tandem was addressed in)
     """
     ALTER TABLE turns ADD COLUMN unshown TEXT;
+    ALTER TABLE turns ADD COLUMN live TEXT;
     CREATE INDEX turns_unshown ON turns (conv_id) WHERE unshown IS NOT NULL;
     CREATE INDEX inbound_by_conv ON inbound (conv);
     """,

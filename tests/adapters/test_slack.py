@@ -1003,3 +1003,21 @@ async def test_the_workspace_is_known_before_any_event(fake: FakeSlackServer,
     with pytest.raises(ConfigError) as other:
         await create(config, hub, dispatch).start()
     assert other.value.key == "slack.team_id" and "T1" in str(other.value)
+
+
+async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    """A worker posted the placeholder, stored the answer and died; the process that
+    shows the answer edits that placeholder (its Cancel button goes) and posts nothing."""
+    from bot.events import TurnEnded
+
+    conv = ConvKey("slack", "D1", None)
+    async with SlackRig(fake, model, tmp_path, "socket") as rig:
+        left = await rig.adapter.client.chat_postMessage(channel="D1", text="⏳ Thinking…",
+                                                         blocks=[])
+        ts = str(left["ts"])
+        await rig.adapter.emit(TurnEnded(conv, 4, "The answer.", "completed",
+                                         live={"ts": ts}))
+        [message] = fake.bot_messages("D1")
+    assert message.ts == ts and block_text(message.blocks) == "The answer."
+    assert "actions" not in json.dumps(message.blocks)

@@ -23,7 +23,7 @@ from adapters.telegram import TelegramAdapter, create
 from bot.app import build
 from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.errors import ConfigError
-from bot.events import Verdict
+from bot.events import ConvKey, Verdict
 from bot.hub import Hub
 from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
@@ -711,3 +711,21 @@ async def test_rejected_token_is_a_config_error(tmp_path: Path, model: FakeModel
         await adapter.start()
     await adapter.stop()
     assert err.value.key == "telegram.token" and model.violations == []
+
+
+async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    """A process posted the placeholder (with ⏹), stored the answer and died; the one that
+    shows the answer edits that placeholder and posts nothing new."""
+    from bot.buttons import CancelButton
+    from bot.events import TurnEnded
+
+    fake.add_chat(ANN, "private")
+    async with rig(tmp_path, model, fake) as r:
+        left = await r.adapter.api.send(ANN, None, "⏳ Thinking…", "⏳ Thinking…",
+                                        [[("⏹ Cancel", pack(CancelButton(4)))]])
+        await r.adapter.emit(TurnEnded(ConvKey("telegram", str(ANN)), 4, "The answer.",
+                                       "completed", live={"message_id": left.message_id}))
+        [message] = r.bot(ANN)
+    assert (message.message_id, message.text) == (left.message_id, "The answer.")
+    assert not message.reply_markup

@@ -338,10 +338,12 @@ async def test_open_turns_are_running_and_suspended_turns_everywhere(store: Stor
 
 async def test_an_end_is_kept_until_it_was_shown(store: Store) -> None:
     conv = await started(store)
+    await store.set_live(conv.id, conv.session, 1, '{"message_id": 7}')
     await store.end_turn(conv.id, conv.session, 1, "done", "completed",
                          Msg("assistant", "the answer", 1), show="the answer")
     last = await store.last_turn(conv.id, conv.session)
-    assert last is not None and (last.status, last.unshown) == ("done", "the answer")
+    assert last is not None and (last.status, last.unshown, last.live) == (
+        "done", "the answer", '{"message_id": 7}')
     # a turn that ended without being shown is open: the next start shows it
     assert [(t.conv_id, t.turn, t.unshown) for t in await store.open_turns()] == [
         (conv.id, 1, "the answer")]

@@ -76,7 +76,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.events import Verdict
