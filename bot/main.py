@@ -34,7 +34,8 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     logs.setup(level, [*config.secrets(), *redact.environment_secrets()])
     try:
         return asyncio.run(_serve(config, chat))
-    except StoreError:
+    except StoreError as exc:  # one line, never silent (a worker's log is all there is)
+        log.error("%s", exc)
         return 1
 
 

@@ -86,7 +86,8 @@ class Cluster:
     async def start(self) -> None:
         import procrastinate
 
-        connector = procrastinate.PsycopgConnector(conninfo=self.url, min_size=1, max_size=4)
+        connector = procrastinate.PsycopgConnector(conninfo=self.url, min_size=1, max_size=4,
+                                                   configure=_autocommit)
         self._app = procrastinate.App(connector=connector)
         self._app.task(name=TASK, queue=QUEUE, pass_context=False)(self._run)
         self._app.task(name=LATER, queue=QUEUE, pass_context=False)(self._due)
@@ -240,6 +241,12 @@ class Cluster:
                                 job.id)
             except Exception:
                 log.warning("cluster: could not retry job %s", job.id, exc_info=True)
+
+
+async def _autocommit(conn: Any) -> None:
+    """The queue's pooled connections commit each statement: its queries are one
+    statement each, so a transaction around one would cost a COMMIT round trip more."""
+    await conn.set_autocommit(True)
 
 
 async def ensure_queue_schema(url: str) -> None:
