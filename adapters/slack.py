@@ -809,7 +809,7 @@ class SlackAdapter:
             channel, ts, blocks = card
             try:
                 await self._call(lambda: self.client.chat_update(
-                    channel=channel, ts=ts, text=line, blocks=[*blocks, render.context(line)]),
+                    channel=channel, ts=ts, text=line, blocks=render.decided(blocks, line)),
                     channel=channel)
                 return
             except SlackApiError:

@@ -242,6 +242,21 @@ def expires(seconds: int) -> str:
     return f"{round(seconds / 3600)} h"
 
 
+_EXPIRY = re.compile(r" · expires in [^\n]*$")
+
+
+def decided(blocks: list[Block], line: str) -> list[Block]:
+    """A card's blocks once it is decided: its outcome below, its expiry gone."""
+    out = []
+    for block in blocks:
+        if block.get("type") == "context":
+            block = {**block, "elements": [
+                {**e, "text": _EXPIRY.sub("", str(e.get("text", "")))}
+                for e in block.get("elements", [])]}
+        out.append(block)
+    return [*out, context(line)]
+
+
 def approval_card(approval_id: str, tool: str, summary: str, requester: User,
                   expires_in_s: int, *, reason: str | None = None) -> Card:
     """The card for one call; `reason` (why a human is asked although the policy allows

@@ -575,7 +575,8 @@ class TelegramAdapter:
     async def _show_outcome(self, card: _Card, line: str) -> bool:
         """The card with its outcome and no buttons; False when it is gone."""
         edited = Posted(card.chat, None, card.message_id)
-        return await self.api.edit(edited, f"{card.html}\n\n{line}", None, None, final=True)
+        return await self.api.edit(edited, render.decided(card.html, line), None, None,
+                                   final=True)
 
     async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
         chat, thread = _where(conv)

@@ -182,6 +182,14 @@ def approval_card(tool: str, summary: str, requester: str, expires_in_s: float,
             f"expires in {duration(expires_in_s)}")
 
 
+_EXPIRY = re.compile(r" · expires in [^\n]*$")
+
+
+def decided(card_html: str, line: str) -> str:
+    """A card once it is decided: its outcome below, its expiry gone."""
+    return f"{_EXPIRY.sub('', card_html)}\n\n{line}"
+
+
 def outcome_line(outcome: str, by: str | None) -> str:
     template = OUTCOMES.get(outcome, "Approval " + outcome + " by {by}")
     return escape(template.format(by=by or "someone"))

@@ -129,6 +129,17 @@ def _user_id(platform: str, *, wildcard: bool) -> Any:
     return BeforeValidator(check)
 
 
+def _listed(value: Any) -> Any:
+    """One id (or "*", or ids separated by commas, as an environment variable gives
+    them) where a list belongs is that list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+Listed = BeforeValidator(_listed)
 TelegramUser = Annotated[int | Literal["*"], _user_id("telegram", wildcard=True)]
 TelegramApprover = Annotated[int, _user_id("telegram", wildcard=False)]
 SlackUser = Annotated[str, _user_id("slack", wildcard=True)]
@@ -157,9 +168,9 @@ class TelegramConfig(Section):
     """Polling (one process polls; with several workers one is elected) or a webhook
     (every worker may receive)."""
     webhook: TelegramWebhook = Field(default_factory=TelegramWebhook)
-    allowed_users: list[TelegramUser] = Field(default_factory=list)
+    allowed_users: Annotated[list[TelegramUser], Listed] = Field(default_factory=list)
     """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.access`)."""
-    approvers: list[TelegramApprover] = Field(default_factory=list)
+    approvers: Annotated[list[TelegramApprover], Listed] = Field(default_factory=list)
     groups: TelegramGroups = Field(default_factory=TelegramGroups)
 
 
@@ -176,9 +187,9 @@ class SlackConfig(Section):
     app_token: str | None = None
     signing_secret: str | None = None
     base_url: str = "https://slack.com/api/"
-    allowed_users: list[SlackUser] = Field(default_factory=list)
+    allowed_users: Annotated[list[SlackUser], Listed] = Field(default_factory=list)
     """User ids, or "*" for every member of the bot's workspace; empty means nobody."""
-    approvers: list[SlackApprover] = Field(default_factory=list)
+    approvers: Annotated[list[SlackApprover], Listed] = Field(default_factory=list)
     team_id: str | None = None
     """The bot's workspace; when unset, `auth.test` tells it at start."""
     http: SlackHTTP = Field(default_factory=SlackHTTP)

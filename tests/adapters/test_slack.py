@@ -484,6 +484,7 @@ async def test_approve_deny_and_always(rig: Rig, model: FakeModelServer, tmp_pat
     await rig.settle()
     assert (workspace / "a.txt").read_text() == "yes\n"
     assert "✅ Approved by <@U1>" in str(card.blocks) and not buttons(card)
+    assert "Requested by <@U1>" in str(card.blocks) and "expires in" not in str(card.blocks)
 
     await rig.say("D1", "U1", "write b")
     card = await rig.card("D1", 2)

@@ -297,6 +297,8 @@ async def test_approve_runs_the_command(tmp_path: Path, model: FakeModelServer,
         query = r.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
         await r.answered(ANN, "Wrote out.txt.")
         await r.until(lambda: "✅ Approved by Ann" in fake.message(ANN, card.message_id).text)
+        decided = fake.message(ANN, card.message_id).text
+        assert "Requested by Ann" in decided and "expires in" not in decided
         await r.hub.idle()
     assert (r.workspace / "out.txt").read_text() == "hi\n"
     assert fake.message(ANN, card.message_id).reply_markup is None

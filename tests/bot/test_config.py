@@ -46,6 +46,21 @@ def test_a_dotenv_file_fills_missing_variables(tmp_path: Path,
     assert load_config(path).slack.bot_token == "xoxb-123456"
 
 
+@pytest.mark.parametrize(("text", "telegram", "slack"), [
+    ('telegram: {allowed_users: "*"}\nslack: {allowed_users: "*"}\n', ["*"], ["*"]),
+    ("telegram: {allowed_users: 42}\nslack: {allowed_users: U1}\n", [42], ["U1"]),
+    ('telegram: {allowed_users: "42, 43"}\nslack: {allowed_users: "U1,U2"}\n', [42, 43],
+     ["U1", "U2"]),
+])
+def test_one_user_or_a_star_needs_no_list(tmp_path: Path, text: str, telegram: list[object],
+                                          slack: list[str]) -> None:
+    config = load_config(write(tmp_path, text), environ={})
+    assert (config.telegram.allowed_users, config.slack.allowed_users) == (telegram, slack)
+    env = {"TANDEM_SLACK__APPROVERS": "U7, U8", "TANDEM_TELEGRAM__APPROVERS": "7"}
+    config = load_config(write(tmp_path, text), environ=env)
+    assert (config.telegram.approvers, config.slack.approvers) == ([7], ["U7", "U8"])
+
+
 @pytest.mark.parametrize(("text", "key"), [
     ("llm:\n  timeout_s: soon\n", "llm.timeout_s"),
     ("llm:\n  modle: x\n", "llm.modle"),

@@ -158,11 +158,17 @@ async def test_cancel_given_to_another_worker_stops_the_turn_within_a_second(
             lambda: [(i, e) for i, e in shared.events() if isinstance(e, TurnStarted)])
         other = shared.workers[1 - where].hub
         await shared.wait(lambda: other.running(key), timeout=5)  # it heard "running"
-        pressed = time.monotonic()
-        receipt = await other.cancel(Cancel(key, ANN, ref="console:c:2", turn=started.turn))
-        assert receipt.accepted and receipt.note == "Cancelling…"
-        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
-        took = time.monotonic() - pressed
+        await stops_within_a_second(shared, other, Cancel(key, ANN, ref="console:c:2",
+                                                          turn=started.turn))
+
+
+async def stops_within_a_second(shared: Shared, hub: Hub, cancel: Cancel) -> None:
+    """`cancel`, given to `hub`, ends the running turn (wherever it runs) within 1 s."""
+    pressed = time.monotonic()
+    receipt = await hub.cancel(cancel)
+    assert receipt.accepted and receipt.note == "Cancelling…"
+    [ended] = await shared.wait(lambda: shared.of(TurnEnded))
+    took = time.monotonic() - pressed
     assert ended.reason == "cancelled" and took < 1.0, (ended, took)
 
 
@@ -224,12 +230,8 @@ async def test_cancel_given_to_a_worker_that_started_after_the_turn_began(
         await shared.workers[0].hub.submit(UserMessage(key, ANN, "talk", ref="console:l:1"))
         [started] = await shared.wait(lambda: shared.of(TurnStarted))
         late = await join(shared, config)  # it never heard the turn announced
-        pressed = time.monotonic()
-        receipt = await late.hub.cancel(Cancel(key, ANN, ref="console:l:2", turn=started.turn))
-        assert receipt.accepted and receipt.note == "Cancelling…"
-        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
-        took = time.monotonic() - pressed
-    assert ended.reason == "cancelled" and took < 1.0, (ended, took)
+        await stops_within_a_second(shared, late.hub, Cancel(key, ANN, ref="console:l:2",
+                                                             turn=started.turn))
 
 
 async def test_a_redelivered_copy_of_inbound_recorded_but_never_queued_is_queued_at_once(
