@@ -120,7 +120,8 @@ class Runner:
                     events.append(Notice(row.key, text))
                 case t.Close() as closed:
                     await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                                closed.reason.value, show=closed.text)
+                                                closed.reason.value,
+                                                show=self._kept(conv, state, closed.text))
                 case _:
                     assert_never(effect)
         self._keep(conv, state, done=closed is not None)
@@ -128,13 +129,20 @@ class Runner:
             await self.d.emit(event)
         if closed is not None and closed.text is not None:
             await self.show_end(row, TurnEnded(row.key, state.turn, closed.text,
-                                               closed.reason.value))
+                                               closed.reason.value),
+                                kept=self._kept(conv, state, closed.text) is not None)
 
-    async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
-        """Show a turn's end, then note that it was shown (until then the store keeps the
-        text, for whichever process loads the conversation next to show it)."""
+    @staticmethod
+    def _kept(conv: Conversation, state: t.TurnState, text: str | None) -> str | None:
+        """The end to keep until shown: only a turn whose live message is on screen."""
+        return text if conv.on_screen == state.turn else None
+
+    async def show_end(self, row: ConvRow, event: TurnEnded, *, kept: bool = True) -> None:
+        """Show a turn's end; if the store `kept` its text, note that it was shown (until
+        then whichever process loads the conversation next shows it, in place)."""
         await self.d.emit(event)
-        await self.d.store.shown(row.id, row.session, event.turn)
+        if kept:
+            await self.d.store.shown(row.id, row.session, event.turn)
 
     async def _finished(self, conv: Conversation, state: t.TurnState, call_id: str,
                         outcome: Outcome, text: str) -> None:
@@ -392,12 +400,14 @@ class Runner:
         row = conv.row
         shown = scratch.partial or (scratch.final[0] if scratch.final else None)
         text = t.final_text(step.state, reason, scratch.answer, shown.content if shown else "")
+        kept = self._kept(conv, state, text)
         stored = await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                             reason.value, last, step=counted, show=text)
+                                             reason.value, last, step=counted, show=kept)
         if stored is not None:
             conv.append(stored)
         self._keep(conv, step.state, done=True)
-        await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value))
+        await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value),
+                            kept=kept is not None)
 
     async def _progress(self, conv: Conversation, state: t.TurnState, phase: Phase,
                         scratch: _Scratch, tool: str | None = None) -> None:

@@ -28,6 +28,7 @@ from bot.events import (
     Suspended,
     Trigger,
     TurnEnded,
+    TurnStarted,
     Verdict,
 )
 from bot.history import CallState
@@ -331,30 +332,44 @@ async def test_summary_compaction_keeps_what_the_trim_dropped(
     assert len(systems) <= len(summaries)
 
 
-async def test_an_answer_stored_but_never_shown_is_shown_after_a_restart(
+async def test_an_answer_stored_but_never_shown_finishes_its_placeholder_after_a_restart(
         model: FakeModelServer, config_factory: Any) -> None:
     """A process that dies between storing a turn's answer and showing it: the next start
-    shows it (once), and a start after that shows nothing more."""
-    model.script(Reply(text="The answer."))
+    shows it (once) in the placeholder the first one posted, and a start after that
+    shows nothing more. A quick answer (one new message, no placeholder) is not kept:
+    shown again, it could show twice."""
+    model.script(Reply(text="The answer."), Reply(text="Quick."))
     config = config_factory()
 
     class DiesBeforeShowing(Recorder):
+        def __init__(self, hub: Any, placeholder: bool) -> None:
+            super().__init__()
+            self.hub, self.placeholder = hub, placeholder
+
         async def emit(self, event: Event) -> None:
+            if isinstance(event, TurnStarted) and self.placeholder:  # as an adapter does
+                await self.hub.remember_live(event.conv, event.turn, {"message_id": 7})
             if isinstance(event, TurnEnded):  # the process is gone before the chat has it
                 raise ConnectionError("killed")
             await super().emit(event)
 
-    async with Core(config) as core:
-        core.dispatch.sinks["console"] = dying = DiesBeforeShowing()
-        await core.say("question")
-        await core.hub.idle()
-        assert dying.of(TurnEnded) == []
-    async with Core(config) as fresh:
-        [ended] = await fresh.sink.ended()
-        await fresh.hub.idle()
-    assert (ended.text, ended.reason) == ("The answer.", "completed")
+    for placeholder in (True, False):
+        async with Core(config) as core:
+            core.dispatch.sinks["console"] = dying = DiesBeforeShowing(core.hub, placeholder)
+            await core.say("question")
+            await core.hub.idle()
+            assert dying.of(TurnEnded) == []
+        async with Core(config) as fresh:
+            await fresh.hub.idle()
+            await asyncio.sleep(0.2)
+        shown = fresh.sink.of(TurnEnded)
+        if placeholder:
+            assert [(e.text, e.reason, e.live) for e in shown] == [
+                ("The answer.", "completed", {"message_id": 7})]
+        else:
+            assert shown == []
     async with Core(config) as again:
         await again.hub.idle()
         await asyncio.sleep(0.2)
     assert again.sink.of(TurnEnded) == []
-    assert len(model.requests) == 1
+    assert len(model.requests) == 2
