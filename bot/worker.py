@@ -22,6 +22,7 @@ from bot.conversation import Conversation
 from bot.conversations import Conversations
 from bot.errors import user_message
 from bot.events import (
+    ApprovalRequested,
     Cancel,
     Command,
     ConvKey,
@@ -32,6 +33,7 @@ from bot.events import (
     Trigger,
     TurnEnded,
     TurnStarted,
+    User,
     UserMessage,
 )
 from bot.history import Said
@@ -104,9 +106,23 @@ class Worker:
         had processed already (its job is run again) are dropped."""
         if conv.turn is not None and not conv.turn.waiting:
             await self._drive(conv, resumed=True)
+        elif conv.turn is not None:
+            await self._post_lost_cards(conv)
         return [item for item in batch
                 if not isinstance(item, UserMessage | Trigger | Decision) or item.ref is None
                 or await self.d.store.inbound_open(item.ref)]
+
+    async def _post_lost_cards(self, conv: Conversation) -> None:
+        """Cards of a waiting turn that no platform posted (their worker died between
+        storing the approval and posting its card): posted now, or nobody could press."""
+        for approval in await self.d.store.pending_approvals(conv.row.id):
+            if approval.session == conv.row.session and \
+                    await self.d.store.card(approval.id) is None:
+                log.info("posting the card of approval %s (its worker died first)",
+                         approval.id)
+                await self.d.emit(ApprovalRequested(
+                    conv.row.key, approval.id, approval.tool, approval.summary,
+                    User(approval.requester), approval.remaining_s()))
 
     async def _dispatch(self, conv: Conversation, batch: list[Work]) -> None:
         match item := batch[0]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bot.app import build
+from bot.app import Dispatch, build
 from bot.cluster import Cluster
 from bot.config import Config
 from bot.events import (
@@ -42,6 +42,7 @@ ANN = User("u1", "Ann")
 class Worker:
     hub: Hub
     cluster: Cluster
+    dispatch: Dispatch
 
 
 class Shared:
@@ -84,7 +85,7 @@ async def join(shared: Shared, config: Config) -> Worker:
     dispatch.sinks["console"] = shared.sink(len(shared.workers))
     await hub.d.store.open()
     await cluster.start()
-    shared.workers.append(Worker(hub, cluster))
+    shared.workers.append(Worker(hub, cluster, dispatch))
     return shared.workers[-1]
 
 
@@ -302,3 +303,50 @@ async def test_a_turn_whose_press_was_applied_when_its_worker_died_goes_on(
     assert len(shared.of(TurnEnded)) == 1
     results = [m["content"] for m in model.last_messages() if m["role"] == "tool"]
     assert results and "hi" in results[0]
+
+
+async def test_a_card_whose_worker_died_before_posting_it_is_posted_by_the_next_job(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    """The approval was stored and the worker died before its card reached the chat: the
+    job run again (on any worker) posts the card, once, and a press on it resumes the
+    turn."""
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo hi"})]),
+                 Reply(text="It printed hi."))
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "lost-card")
+    async with cluster_of(2, config) as shared:
+        posted: list[str] = []
+        lost: list[str] = []
+
+        class Cards:
+            """As a platform does: a card it posts is remembered (the first one is lost:
+            its worker died before posting it)."""
+
+            def __init__(self, index: int) -> None:
+                self.index, self.inner = index, shared.sink(index)
+
+            async def emit(self, event: Event) -> None:
+                if isinstance(event, ApprovalRequested):
+                    if not lost:
+                        lost.append(event.approval_id)
+                        return
+                    posted.append(event.approval_id)
+                    await shared.workers[self.index].hub.remember_card(event.approval_id, {})
+                await self.inner.emit(event)
+
+        for i, w in enumerate(shared.workers):
+            w.dispatch.sinks["console"] = Cards(i)
+        message = UserMessage(key, ANN, "run it", ref="console:lc:1")
+        await shared.workers[0].hub.submit(message)
+        await shared.wait(lambda: lost)
+        await asyncio.sleep(0.5)  # the turn is suspended, its card nowhere
+        for w in shared.workers:  # its job, run again (twice: nothing more to post)
+            w.hub.lanes.put(key, message)
+        [card] = await shared.wait(lambda: shared.of(ApprovalRequested))
+        await asyncio.sleep(1.0)
+        assert posted == lost == [card.approval_id]
+        receipt = await shared.workers[1].hub.submit(
+            Decision(key, ANN, card.approval_id, Verdict.APPROVE, ref="console:lc:2"))
+        assert receipt.accepted, receipt
+        [ended] = await shared.wait(lambda: shared.of(TurnEnded))
+    assert ended.text == "It printed hi."
