@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
 from bot.cluster import Cluster, conv_of
-from bot.events import ConvKey
+from bot.events import ConvKey, Decision, Trigger, UserMessage
 from bot.intake import replay
 from bot.lanes import Lanes
 from bot.store import Store
@@ -57,9 +57,20 @@ class ClusterLanes(Lanes[W], Generic[W]):
         self._later(self.cluster.defer(item))
 
     async def submit(self, key: ConvKey, item: W) -> None:
-        """Queue `item` before returning (inbound keeps its platform's order)."""
-        if not self.closing:
-            await self.cluster.defer(item)
+        """Queue `item` before returning (inbound keeps its platform's order). Inbound of
+        this conversation recorded before it and not processed yet goes first: a worker
+        that recorded it may have died before queueing it (the queue keeps one waiting
+        job per inbound, and drops a copy of one processed meanwhile)."""
+        if self.closing:
+            return
+        ref = getattr(item, "ref", None)
+        if isinstance(item, UserMessage | Trigger | Decision) and ref is not None:
+            for earlier, kind, payload in await self.store.open_inbound(key):
+                if earlier == ref:
+                    break
+                if (again := replay(kind, payload, earlier)) is not None:
+                    await self.cluster.defer(again)
+        await self.cluster.defer(item)
 
     def park(self, key: ConvKey, item: W) -> None:
         self._later(self.cluster.defer(item, at=time.time() + PARKED_AGAIN_S))

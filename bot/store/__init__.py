@@ -184,6 +184,9 @@ class Store(Protocol):
         """Record an inbound id; False if it was seen before (a redelivery)."""
     async def unprocessed_inbound(self) -> list[tuple[str, str, str]]:
         """(ref, kind, payload) of messages, triggers and presses never processed."""
+    async def open_inbound(self, conv: ConvKey) -> list[tuple[str, str, str]]:
+        """(ref, kind, payload) of `conv`'s inbound not processed yet, in the order it was
+        received."""
     async def inbound_open(self, ref: str) -> bool:
         """The inbound `ref` is recorded and not processed yet."""
     async def heard_in(self, conv: ConvKey) -> bool:

@@ -175,6 +175,11 @@ class PostgresStore(PostgresStanding):
         return [(r[0], r[1], r[2]) for r in await self._rows(
             "SELECT ref, kind, payload FROM inbound WHERE NOT done ORDER BY received_at, seq")]
 
+    async def open_inbound(self, conv: ConvKey) -> list[tuple[str, str, str]]:
+        return [(r[0], r[1], r[2]) for r in await self._rows(
+            "SELECT ref, kind, payload FROM inbound WHERE conv=%s AND NOT done"
+            " ORDER BY received_at, seq", (str(conv),))]
+
     async def inbound_open(self, ref: str) -> bool:
         return await self._row("SELECT 1 FROM inbound WHERE ref=%s AND NOT done",
                                (ref,)) is not None

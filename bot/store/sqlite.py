@@ -193,6 +193,11 @@ class SQLiteStore(SQLiteStanding):
         return await self._run(lambda db: [tuple(r) for r in db.execute(
             "SELECT ref, kind, payload FROM inbound WHERE done=0 ORDER BY received_at")])
 
+    async def open_inbound(self, conv: ConvKey) -> list[tuple[str, str, str]]:
+        return await self._run(lambda db: [tuple(r) for r in db.execute(
+            "SELECT ref, kind, payload FROM inbound WHERE conv=? AND done=0"
+            " ORDER BY received_at, rowid", (str(conv),))])
+
     async def inbound_open(self, ref: str) -> bool:
         return await self._run(lambda db: db.execute(
             "SELECT 1 FROM inbound WHERE ref=? AND done=0", (ref,)).fetchone() is not None)

@@ -509,6 +509,18 @@ async def test_a_press_stays_open_until_it_was_applied(store: Store) -> None:
     assert not await store.inbound_open("c1")
 
 
+async def test_open_inbound_of_a_conversation_in_the_order_received(store: Store) -> None:
+    other = ConvKey("console", "other")
+    for ref, conv, kind in [("m1", KEY, "message"), ("o1", other, "message"),
+                            ("c1", KEY, "cancel"), ("p1", KEY, "decision"),
+                            ("m2", KEY, "message")]:
+        assert await store.accept_inbound(ref, conv, kind, f'"{ref}"')
+    await store.mark_inbound_done(["m1"])
+    assert await store.open_inbound(KEY) == [("p1", "decision", '"p1"'),
+                                             ("m2", "message", '"m2"')]
+    assert await store.open_inbound(ConvKey("console", "nobody")) == []
+
+
 async def test_heard_in_a_conversation_by_its_inbound(store: Store) -> None:
     thread = ConvKey("slack", "C1", "1700000000.000100")
     assert not await store.heard_in(thread)

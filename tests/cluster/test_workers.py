@@ -350,3 +350,23 @@ async def test_a_card_whose_worker_died_before_posting_it_is_posted_by_the_next_
         assert receipt.accepted, receipt
         [ended] = await shared.wait(lambda: shared.of(TurnEnded))
     assert ended.text == "It printed hi."
+
+
+async def test_inbound_a_dead_worker_recorded_goes_before_the_next_one(
+        config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
+    """A message recorded by a worker that died before queueing it, then the next one of
+    the conversation on another worker: both are answered, in the order they came, at
+    once (not when the leader's sweep finds the first)."""
+    model.responder = echo
+    config = config_factory(store__url=pg_url)
+    key = ConvKey("console", "order")
+    async with cluster_of(2, config) as shared:
+        first = UserMessage(key, ANN, "first", ref="console:o:1")
+        assert (await shared.workers[0].hub.intake.accept(first)).accepted  # then it died
+        sent = time.monotonic()
+        await shared.workers[1].hub.submit(UserMessage(key, ANN, "second", ref="console:o:2"))
+        await shared.wait(lambda: len(shared.of(TurnEnded)) >= 2)
+        took = time.monotonic() - sent
+        await asyncio.sleep(6)  # the sweep finds nothing more to do
+        texts = [e.text for e in shared.of(TurnEnded)]
+    assert texts == ["echo first", "echo second"] and took < 3.0, (texts, took)
