@@ -44,10 +44,6 @@ class Conversation:
     unread: set[str] = field(default_factory=set)
     """Calls that finished without running (denied, expired, skipped, interrupted): their
     results are Tandem's own words, so they hold nothing read from outside."""
-    on_screen: int | None = None
-    """The turn whose live message (placeholder) is on screen: its end is kept in the store
-    until shown, for another process to finish that message in place. A quick answer is
-    one new message; it is not kept (showing it again could show it twice)."""
     _prefix: _Prefix = field(default_factory=lambda: _Prefix())
     """Sanitized wire messages of the finished turns in view (extended, never redone)."""
 

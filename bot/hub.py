@@ -127,8 +127,6 @@ class Hub:
         """Keep where a turn's live message was posted (platform-specific fields), so that
         a process that shows the turn's end after this one died finishes that message."""
         conv = self.convs.cached(key)
-        if conv is not None and conv.turn is not None and conv.turn.turn == turn:
-            conv.on_screen = turn
         row = conv.row if conv is not None else await self.d.store.conversation(key)
         await self.d.store.set_live(row.id, row.session, turn, json.dumps(where))
 

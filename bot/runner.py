@@ -120,8 +120,7 @@ class Runner:
                     events.append(Notice(row.key, text))
                 case t.Close() as closed:
                     await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                                closed.reason.value,
-                                                show=self._kept(conv, state, closed.text))
+                                                closed.reason.value, show=closed.text)
                 case _:
                     assert_never(effect)
         self._keep(conv, state, done=closed is not None)
@@ -129,20 +128,14 @@ class Runner:
             await self.d.emit(event)
         if closed is not None and closed.text is not None:
             await self.show_end(row, TurnEnded(row.key, state.turn, closed.text,
-                                               closed.reason.value),
-                                kept=self._kept(conv, state, closed.text) is not None)
+                                               closed.reason.value))
 
-    @staticmethod
-    def _kept(conv: Conversation, state: t.TurnState, text: str | None) -> str | None:
-        """The end to keep until shown: only a turn whose live message is on screen."""
-        return text if conv.on_screen == state.turn else None
-
-    async def show_end(self, row: ConvRow, event: TurnEnded, *, kept: bool = True) -> None:
-        """Show a turn's end; if the store `kept` its text, note that it was shown (until
-        then whichever process loads the conversation next shows it, in place)."""
+    async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
+        """Show a turn's end, then note that it was shown. Until then the store keeps the
+        text: a process that dies first must not lose it, and whichever one loads the
+        conversation next shows it (in the turn's placeholder, if it had one)."""
         await self.d.emit(event)
-        if kept:
-            await self.d.store.shown(row.id, row.session, event.turn)
+        await self.d.store.shown(row.id, row.session, event.turn)
 
     async def _finished(self, conv: Conversation, state: t.TurnState, call_id: str,
                         outcome: Outcome, text: str) -> None:
@@ -400,14 +393,12 @@ class Runner:
         row = conv.row
         shown = scratch.partial or (scratch.final[0] if scratch.final else None)
         text = t.final_text(step.state, reason, scratch.answer, shown.content if shown else "")
-        kept = self._kept(conv, state, text)
         stored = await self.d.store.end_turn(row.id, row.session, state.turn, "done",
-                                             reason.value, last, step=counted, show=kept)
+                                             reason.value, last, step=counted, show=text)
         if stored is not None:
             conv.append(stored)
         self._keep(conv, step.state, done=True)
-        await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value),
-                            kept=kept is not None)
+        await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value))
 
     async def _progress(self, conv: Conversation, state: t.TurnState, phase: Phase,
                         scratch: _Scratch, tool: str | None = None) -> None:
