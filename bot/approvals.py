@@ -15,7 +15,7 @@ from collections.abc import Callable
 from bot import turn as t
 from bot.access import Access
 from bot.conversation import Conversation
-from bot.events import ConvKey, Decision, Notice, User, Verdict
+from bot.events import ApprovalResolved, ConvKey, Decision, Notice, User, Verdict
 from bot.runner import Runner
 from bot.store import ApprovalRow
 from bot.tools import parse_arguments
@@ -67,7 +67,7 @@ class Approvals:
         self.disarm(approval.id)
         state = conv.turn
         if state is None:
-            await self.runner.resolve_stale(conv, approval.id)
+            await self._resolve_stale(conv, approval.id)
             return False
         limits = self.runner.limits
         if time.time() >= approval.expires_at:
@@ -87,10 +87,15 @@ class Approvals:
         if approval is None or approval.status != "pending":
             return False
         if conv.turn is None:
-            await self.runner.resolve_stale(conv, approval_id)
+            await self._resolve_stale(conv, approval_id)
             return False
         await self.runner.apply(conv, t.expire(conv.turn, self.runner.limits, approval_id))
         return conv.turn is not None
+
+    async def _resolve_stale(self, conv: Conversation, approval_id: str) -> None:
+        """A card whose call no longer waits (its turn is over): close it."""
+        if await self.store.decide(approval_id, "expired", None):
+            await self.runner.d.emit(ApprovalResolved(conv.row.key, approval_id, "expired"))
 
     def _rule_key(self, state: t.TurnState, approval: ApprovalRow) -> str | None:
         record = state.record(approval.call_id)

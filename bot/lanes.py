@@ -104,6 +104,10 @@ class Lanes(Generic[W]):
         """`cancel`, wherever the turn runs (in one process: here)."""
         return self.cancel(key, turn)
 
+    async def queue_stats(self) -> tuple[int, int]:
+        """(workers alive, items waiting or running) across the workers sharing the work."""
+        return 1, sum(len(lane.inbox) + (lane.task is not None) for lane in self._lanes.values())
+
     def running(self, key: ConvKey) -> bool:
         lane = self._lanes.get(key)
         return lane is not None and lane.cancel is not None

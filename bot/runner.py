@@ -131,9 +131,8 @@ class Runner:
                                                closed.reason.value))
 
     async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
-        """Show a turn's end, then note that it was shown. Until then the store keeps the
-        text: a process that dies first must not lose it, and whichever one loads the
-        conversation next shows it (in the turn's placeholder, if it had one)."""
+        """Show a turn's end, then note that it was shown (until then the store keeps it,
+        for whichever process loads the conversation next: `bot.recovery`)."""
         await self.d.emit(event)
         await self.d.store.shown(row.id, row.session, event.turn)
 
@@ -173,27 +172,21 @@ class Runner:
 
     async def _trim(self, conv: Conversation) -> None:
         window = await self.window()
-        if not conv.trim_to(self.d.prompt.history_budget(conv, window)):
-            return
-        if not self.d.config.context.summary:
+        if not conv.trim_to(self.d.prompt.history_budget(conv, window)) \
+                or not self.d.config.context.summary:
             return
         dropped = [m for m in conv.history[:conv.cut] if (m.id or 0) > conv.summary_through]
         if not dropped:
             return
-        text = await compaction.summarize(self.d.model, taint.without_untrusted(dropped,
-                                                                               self.d.tools),
-                                          conv.summary, self.d.config.context.summary_max_tokens)
-        if text is None:  # the plain trim stands
-            return
+        text = await compaction.summarize(
+            self.d.model, taint.without_untrusted(dropped, self.d.tools), conv.summary,
+            self.d.config.context.summary_max_tokens)
+        if text is None:
+            return  # the plain trim stands
         through = max(m.id or 0 for m in dropped)
         await self.d.store.set_summary(conv.row.id, conv.row.session, through, text)
         conv.summary, conv.summary_through = text, through
         conv.trim_to(self.d.prompt.history_budget(conv, window))  # the summary takes room
-
-    async def resolve_stale(self, conv: Conversation, approval_id: str) -> None:
-        """A card whose call no longer waits (its turn is over): close it."""
-        if await self.d.store.decide(approval_id, "expired", None):
-            await self.d.emit(ApprovalResolved(conv.row.key, approval_id, "expired"))
 
     @staticmethod
     def _keep(conv: Conversation, state: t.TurnState, *, done: bool) -> None:
@@ -354,9 +347,8 @@ class Runner:
         args = parse_arguments(call.arguments)
         approval = await self.d.store.approval_for_call(conv.row.id, conv.row.session, call.id)
         if approval is not None and approval.summary != tool.summary(args):
-            await self.apply(conv, t.finish(state, self.limits, call.id, Outcome.DENIED,
-                                            "denied: the call differs from the one that "
-                                            "was approved"))
+            differs = "denied: the call differs from the one that was approved"
+            await self.apply(conv, t.finish(state, self.limits, call.id, Outcome.DENIED, differs))
             return
         await self.apply(conv, t.submitted(state, call.id))
         await self._progress(conv, state, Phase.TOOL, scratch, call.name)

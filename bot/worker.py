@@ -224,10 +224,8 @@ class Worker:
         target = self.d.config.store.target
         if not self.lanes.shared:
             return f"SQLite, one process ({target.removeprefix('sqlite://')})"
-        from bot.cluster import stats
-
         try:
-            workers, depth = await stats(target)
+            workers, depth = await self.lanes.queue_stats()
         except Exception:  # only a status line: say it is unknown
             return "PostgreSQL, several workers (the task queue could not be read)"
         return f"PostgreSQL, {workers} workers alive, {depth} jobs queued or running"

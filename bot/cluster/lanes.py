@@ -164,6 +164,9 @@ class ClusterLanes(Lanes[W], Generic[W]):
                     asyncio.get_running_loop().call_later(
                         EARLY_CANCEL_S, lambda: self._early.pop(key, None))
 
+    async def queue_stats(self) -> tuple[int, int]:
+        return await self.cluster.stats()
+
     def running(self, key: ConvKey) -> bool:
         return super().running(key) or key in self._remote
 
