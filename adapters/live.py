@@ -3,10 +3,10 @@
 `split_text` cuts at paragraph, then line, then word boundaries and never inside a
 fenced code block (a block too long for one part is closed and reopened).
 `LiveMessage` streams a turn into one placeholder by edits, at most one per
-`min_interval`, holding edits while the platform says "retry after", and delivers the
-final text whatever happens (overflow continues in new messages). The placeholder may be
-due only after a delay: a turn that ends sooner shows as one message, not a placeholder
-and an edit (half the platform calls for a quick answer).
+`min_interval` (the final one too), holding edits while the platform says "retry after",
+and delivers the final text whatever happens (overflow continues in new messages). The
+placeholder may be due only after a delay: a turn that ends sooner shows as one message,
+not a placeholder and an edit (half the platform calls for a quick answer).
 """
 
 from __future__ import annotations
@@ -211,6 +211,11 @@ class LiveMessage(Generic[Ref]):
             shown = self._shown[index]
             if shown.text == text and live:
                 return
+        if self._shown:  # every call in a turn's chat keeps the pace, the final one too
+            wait = max(self._last_edit + self.min_interval, self._hold()) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        if index < len(self._shown):
             await self._retrying(lambda: self._edit(shown.ref, text, live), deadline)
             shown.text = text
         else:

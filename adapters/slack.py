@@ -77,7 +77,7 @@ from adapters.slack_render import (
     slack_text,
 )
 from bot.app import Dispatch
-from bot.buttons import ApprovalButton, CancelButton, ItemButton, unpack
+from bot.buttons import STALE, ApprovalButton, ButtonData, CancelButton, ItemButton, unpack
 from bot.config import Config
 from bot.errors import ConfigError, StoreError, TandemError
 from bot.events import (
@@ -107,7 +107,6 @@ NETWORK_ERRORS = (SlackApiError, aiohttp.ClientError, TimeoutError)
 MEMORY = 10_000
 """Entries kept in each in-memory map (seen events, threads, cards, names)."""
 CONTEXT_MESSAGES = 50
-INVALID_BUTTON = "This button is no longer valid."
 
 
 class SlackUnavailable(TandemError):
@@ -280,11 +279,19 @@ class SlackAdapter:
         self._holds: dict[str, float] = {}
         self._seen: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._threads: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._read: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+        """Threads read and found without Tandem, with what was said there since: joined
+        later, they are not read again."""
         self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
         self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
+        self._card_at: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._paused: dict[ConvKey, tuple[Live, str]] = {}
+        """A turn waiting for approval: its placeholder (saying so) and its text."""
+        """(channel, ts) of the cards posted here, decided or not: their approvals."""
         self._names: OrderedDict[str, str] = OrderedDict()
-        self._told: OrderedDict[str, bool] = OrderedDict()
-        """Strangers already told (once per process) that Tandem does not serve them."""
+        self._told: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        """(channel, stranger) already told that Tandem does not serve them (once per chat
+        and process)."""
         self._foreign: OrderedDict[str, bool] = OrderedDict()
         """Other workspaces whose payloads were dropped (each is logged once)."""
 
@@ -436,6 +443,9 @@ class SlackAdapter:
 
     async def _on_message(self, msg: Incoming) -> None:
         if not msg.addressed and not await self._in_thread(msg.channel, msg.thread or ""):
+            if (read := self._read.get((msg.channel, msg.thread or ""))) is not None:
+                read.append({"user": msg.user, "ts": msg.ts, "seen": msg.text})
+                del read[:-CONTEXT_MESSAGES - 1]
             return
         who, context = User(msg.user, "", msg.team), None
         if self.hub.access.allows(PLATFORM, who):
@@ -463,7 +473,7 @@ class SlackAdapter:
     async def _submit(self, conv: ConvKey, item: Inbound, who: User, *,
                       dm: bool | None = None) -> None:
         """Hand `item` to the hub; show a refusal to `who` only. For a message (`dm` set)
-        a stranger is told once per process, in the DM or privately in the channel."""
+        a stranger is told once per chat, in the DM or privately in the channel."""
         receipt = await self.hub.submit(item)
         if not receipt.accepted:
             await self._refused(conv, who, receipt.note, dm=dm)
@@ -493,13 +503,17 @@ class SlackAdapter:
             return False
         active = any(self._mine(m) for m in messages)
         _remember(self._threads, (channel, thread), active)
+        if not active:  # kept (with what is said there next) for when Tandem is asked in
+            _remember(self._read, (channel, thread), messages[-CONTEXT_MESSAGES - 1:])
         return active
 
     async def _join_thread(self, channel: str, thread: str, ts: str) -> str | None:
         """Addressed in a thread: read it once when joining; the earlier messages as text."""
         if self._threads.get((channel, thread)):
             return None
-        messages = await self._replies(channel, thread)
+        messages = self._read.pop((channel, thread), None)
+        if messages is None:
+            messages = await self._replies(channel, thread)
         if self._threads.get((channel, thread)) or messages is None:
             _remember(self._threads, (channel, thread))
             return None
@@ -509,7 +523,7 @@ class SlackAdapter:
         earlier = [m for m in messages
                    if _ts_order(str(m.get("ts", ""))) < _ts_order(ts) and not self._mine(m)]
         lines = [f"{await self._name(str(m.get('user', '')))}: "
-                 f"{slack_text(str(m.get('text') or ''), self.bot_user)}"
+                 f"{m.get('seen') or slack_text(str(m.get('text') or ''), self.bot_user)}"
                  for m in earlier[-CONTEXT_MESSAGES:]]
         if len(earlier) > CONTEXT_MESSAGES:
             lines.insert(0, f"({len(earlier) - CONTEXT_MESSAGES} older messages not shown)")
@@ -541,11 +555,11 @@ class SlackAdapter:
             bool(self.bot_id) and message.get("bot_id") == self.bot_id
 
     async def _tell_stranger(self, conv: ConvKey, user: str, text: str, *, dm: bool) -> None:
-        """The hub's refusal (it has the id an admin needs), once per stranger; the hub
+        """The hub's refusal (it has the id an admin needs), once per stranger and chat; the hub
         logs it."""
-        if user in self._told:
+        if (conv.chat_id, user) in self._told:
             return
-        _remember(self._told, user)
+        _remember(self._told, (conv.chat_id, user))
         if dm:
             await self._post(conv, text)
         else:
@@ -594,12 +608,13 @@ class SlackAdapter:
         conv = ConvKey(PLATFORM, channel, thread if thread and thread != message_ts else None)
         actions = body.get("actions")
         action = _dict(actions[0] if isinstance(actions, list) and actions else None)
-        data = unpack(_str(action.get("value")))
+        data = unpack(_str(action.get("value"))) or \
+            self._card_press(channel, message_ts, _str(action.get("action_id")))
         who = await self._who(uid, _str(user.get("team_id")) or None)
         ref = f"slack:{channel}:{action.get('action_ts')}:{uid}"
         match data:
             case None:
-                await self._ephemeral(conv, uid, INVALID_BUTTON)
+                await self._ephemeral(conv, uid, STALE)
             case CancelButton(turn):
                 receipt = await self.hub.cancel(Cancel(conv, who, turn=turn))
                 if not receipt.accepted:
@@ -609,6 +624,15 @@ class SlackAdapter:
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
                 await self._submit(conv, Command(conv, who, name, item_id, ref=ref), who)
+
+    def _card_press(self, channel: str, ts: str, action_id: str) -> ButtonData | None:
+        """A press without usable data on one of Tandem's cards (a client showing a card
+        as it was): the card's approval, so the core answers it ("Already decided…")."""
+        verdict = next((v for v, a in render.VERDICT_ACTIONS.items() if a == action_id), None)
+        approval_id = self._card_at.get((channel, ts))
+        if verdict is None or approval_id is None:
+            return None
+        return ApprovalButton(approval_id, verdict)
 
     async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
@@ -666,25 +690,50 @@ class SlackAdapter:
             case TurnStarted():
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
+                await self._unpause(conv)
                 live = self._live[conv] = self._new_live(conv, event.turn)
                 await live.open(THINKING, delay=self.placeholder_delay)
             case Progress():
                 if (running := self._live.get(conv)) is not None:
                     running.update(render.progress_text(event))
-            case TurnEnded(text=text) | Suspended(text=text):
-                if isinstance(event, Suspended):
-                    text = paused_for_approval(text)
+            case Suspended(text=text):
+                if (waiting := self._live.pop(conv, None)) is not None:
+                    await waiting.finish(paused_for_approval(text))
+                    await waiting.close()
+                    self._paused[conv] = (waiting, text)
+            case TurnEnded(text=text):
                 ending = self._live.pop(conv, None)
-                if ending is None and isinstance(event, TurnEnded) and event.live \
-                        and isinstance(ts := event.live.get("ts"), str):
+                if ending is None and event.live and isinstance(ts := event.live.get("ts"), str):
                     # another process ran the turn and died: its placeholder becomes it
                     ending = self._new_live(conv, event.turn)
                     ending.adopt(ts)
                 if ending is not None:
                     await ending.finish(text)
                     await ending.close()
-                else:
+                elif not await self._unpause(conv, text):
                     await self._post(conv, text)
+
+    async def _unpause(self, conv: ConvKey, text: str | None = None) -> bool:
+        """The placeholder of a turn that waited for approval: it becomes `text` (the
+        turn's end), else loses its "waiting" line, or goes when that was all it said."""
+        paused = self._paused.pop(conv, None)
+        if paused is None:
+            return False
+        live, said = paused
+        if text is not None or said.strip():
+            await live.finish(text if text is not None else said)
+            return True
+        for ts in live.refs:
+            if ts is not None:
+                await self._delete(conv.chat_id, ts)
+        return True
+
+    async def _delete(self, channel: str, ts: str) -> None:
+        try:
+            await self._call(partial(self.client.chat_delete, channel=channel, ts=ts),
+                             deadline=30.0, channel=channel)
+        except NETWORK_ERRORS:
+            log.info("slack: could not delete %s in %s", ts, channel, exc_info=True)
 
     def _new_live(self, conv: ConvKey, turn: int) -> Live:
         """The turn's live message; where its placeholder lands is kept in the store."""
@@ -788,6 +837,7 @@ class SlackAdapter:
         resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])
         where = (str(resp["channel"]), str(resp["ts"]), card.blocks)
         _remember(self._cards, event.approval_id, where)
+        _remember(self._card_at, where[:2], event.approval_id)
         await self.hub.remember_card(event.approval_id, {
             "channel": where[0], "ts": where[1], "blocks": where[2]})
 
@@ -807,6 +857,7 @@ class SlackAdapter:
         card = await self._known_card(event.approval_id)
         if card is not None:
             channel, ts, blocks = card
+            _remember(self._card_at, (channel, ts), event.approval_id)
             try:
                 await self._call(lambda: self.client.chat_update(
                     channel=channel, ts=ts, text=line, blocks=render.decided(blocks, line)),

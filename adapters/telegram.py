@@ -3,7 +3,7 @@
 Inbound: a handler decides whether a group message is for Tandem, normalizes it and
 hands it to `hub.submit`. The hub checks access (`bot.access`, fails closed) before
 anything else, and dedupes `tg:<update_id>` refs, so a redelivered update is answered
-once; a stranger gets the hub's refusal, with their id, once per process. A button
+once; a stranger gets the hub's refusal, with their id, once per chat. A button
 press changes nothing here until the hub took it: after a restart an approval card is
 known only from a decision the hub accepted, pressed on a message of Tandem's that shows
 that approval's buttons, so no other message is ever edited as the card. Outbound:
@@ -57,10 +57,11 @@ from adapters.live import (
     split_text,
 )
 from adapters.telegram_api import AiohttpRequest, BotApi, Posted
+from adapters.telegram_draft import STOP_HINT, Draft
 from adapters.telegram_files import MEDIA, TelegramFiles, attachments
 from adapters.telegram_webhook import ALLOWED_UPDATES, WebhookServer
 from bot.app import Dispatch
-from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
+from bot.buttons import STALE, ApprovalButton, CancelButton, ItemButton, pack, unpack
 from bot.config import Config
 from bot.errors import ConfigError, StoreError, TandemError, user_message
 from bot.events import (
@@ -92,13 +93,17 @@ COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
             ("approvals", "Standing approval rules here")]
+PRESS_WAIT_S = 2.0
+"""How long a press's answer waits for the core to settle the press."""
+
+
 def cancel_keyboard(turn: int | None) -> list[list[tuple[str, str]]]:
     return [[("⏹ Cancel", pack(CancelButton(turn)))]]
 
 
 @dataclass(slots=True)
 class _Turn:
-    live: LiveMessage[Posted]
+    live: LiveMessage[Posted] | Draft
     status: str = THINKING
     tool: str | None = None
     tool_since: float = 0.0
@@ -134,7 +139,7 @@ class TelegramAdapter:
             ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(files)
             .request(self._requests[0]).get_updates_request(self._requests[1])
             .concurrent_updates(True).job_queue(None).build())
-        self.api = BotApi(self.app.bot, min_edit_interval=min_edit_interval)
+        self.api = BotApi(self.app.bot, min_interval=min_edit_interval)
         self.files = TelegramFiles(self.api)
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & (filters.TEXT | MEDIA),
                                             self._on_message))
@@ -151,20 +156,27 @@ class TelegramAdapter:
         self._cards: dict[str, _Card] = {}
         self._unshown: OrderedDict[str, str] = OrderedDict()
         """Outcome lines of approvals resolved while their card was unknown."""
+        self._paused: dict[ConvKey, tuple[LiveMessage[Posted], str]] = {}
+        """A turn waiting for approval: its placeholder (saying so) and its text."""
+        self._no_drafts: set[int] = set()
+        """Private chats where Telegram refused a draft."""
+        self._presses: dict[tuple[ConvKey, str], asyncio.Future[str | None]] = {}
+        """Button presses the core took and has yet to settle: a refusal it sends the
+        presser goes to them privately, as the press's answer."""
         self._names: dict[str, str] = {}
-        self._refused: set[str] = set()
+        self._refused: set[tuple[int, str]] = set()
         self._recent: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._locks: weakref.WeakValueDictionary[ConvKey, asyncio.Lock] = \
             weakref.WeakValueDictionary()
 
     @property
     def min_edit_interval(self) -> float:
-        """Seconds between two edits in one chat (the pace `api` keeps)."""
-        return self.api.min_edit_interval
+        """Seconds between two calls in one chat (the pace `api` keeps)."""
+        return self.api.min_interval
 
     @min_edit_interval.setter
     def min_edit_interval(self, value: float) -> None:
-        self.api.min_edit_interval = value
+        self.api.min_interval = value
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -312,11 +324,12 @@ class TelegramAdapter:
             await self._reply(message, receipt.note)
 
     async def _refuse(self, message: Message, user: User, note: str) -> None:
-        """One answer per stranger (per process): the hub's refusal, with the id an admin
-        needs. The hub logs the refusal."""
-        if user.id in self._refused or len(self._refused) > 10_000:
+        """One answer per stranger and chat (per process): the hub's refusal, with the id
+        an admin needs. The hub logs the refusal."""
+        key = (message.chat.id, user.id)
+        if key in self._refused or len(self._refused) > 10_000:
             return
-        self._refused.add(user.id)
+        self._refused.add(key)
         await self._reply(message, note)
 
     async def _reply(self, message: Message, text: str) -> None:
@@ -331,7 +344,7 @@ class TelegramAdapter:
             return  # nothing a real client sends: ignore
         data = unpack(query.data or "")
         if data is None or query.message is None:
-            await self._answer(query, "This button is no longer valid.", alert=True)
+            await self._answer(query, STALE, alert=True)
             return
         conv, user = self._conv(query.message), self._user(query.from_user)
         ref = f"tg:cb:{query.id}"
@@ -350,10 +363,35 @@ class TelegramAdapter:
             case ItemButton(kind, item_id):
                 name = "canceljob" if kind == "job" else "revoke"
                 receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
+        note, alert = receipt.note, not receipt.accepted and bool(receipt.note)
         if receipt.accepted:
             self._served(query.from_user)
+            if not note and isinstance(data, ApprovalButton | CancelButton):
+                note = await self._settled(conv, user.id)
+                alert = bool(note)
         # refused (a stranger too: the hub's text with their id): an alert, every press
-        await self._answer(query, receipt.note, alert=not receipt.accepted and bool(receipt.note))
+        await self._answer(query, note, alert=alert)
+
+    async def _settled(self, conv: ConvKey, user_id: str) -> str | None:
+        """Wait (briefly: the client spins until answered) for the core to settle a press:
+        its refusal for the presser, or None once it took effect or time is up."""
+        key = (conv, user_id)
+        if key in self._presses:
+            return None  # an earlier press of theirs waits already
+        future = self._presses[key] = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(future, PRESS_WAIT_S)
+        except TimeoutError:
+            return None
+        finally:
+            self._presses.pop(key, None)
+
+    def _settle(self, conv: ConvKey, user_id: str, note: str | None) -> bool:
+        future = self._presses.get((conv, user_id))
+        if future is None or future.done():
+            return False
+        future.set_result(note)
+        return True
 
     def _live_here(self, conv: ConvKey, message_id: int) -> bool:
         """The message is (or may be, while it is being posted) the running turn's."""
@@ -417,7 +455,7 @@ class TelegramAdapter:
                 case TurnEnded():
                     await self._turn_ended(event.conv, event.text, event)
                 case Suspended():
-                    await self._turn_ended(event.conv, paused_for_approval(event.text))
+                    await self._suspended(event)
                 case ApprovalRequested() if event.reminder:
                     pass  # the card is still on screen
                 case ApprovalRequested():
@@ -425,7 +463,7 @@ class TelegramAdapter:
                 case ApprovalResolved():
                     await self._approval_resolved(event)
                 case Notice():
-                    await self._notice(event.conv, event.text, event.buttons)
+                    await self._notice_event(event)
                 case Queued():
                     await self._queued(event)
         except (TelegramError, RetryLater):
@@ -436,11 +474,42 @@ class TelegramAdapter:
         old = self._turns.pop(conv, None)
         if old is not None:
             await self._end(old)
+        await self._unpause(conv)
         chat, thread = _where(conv)
-        live = self._new_live(conv, number)
+        live = self._new_draft(conv, number) if self._drafts(chat) \
+            else self._new_live(conv, number)
         turn = self._turns[conv] = _Turn(live)
         turn.typing = asyncio.get_running_loop().create_task(self._typing(chat, thread, turn))
         await live.open(turn.status, delay=self.placeholder_delay)
+
+    def _drafts(self, chat: int) -> bool:
+        """Stream as a draft: a private chat (a user's id is positive) that has them."""
+        return self.config.telegram.drafts and chat > 0 and chat not in self._no_drafts
+
+    def _new_draft(self, conv: ConvKey, number: int) -> Draft:
+        chat, thread = _where(conv)
+
+        async def send(text: str) -> Posted:
+            sent = await self.api.send(chat, thread, self.render(text), text)
+            return Posted(chat, thread, sent.message_id, number)
+
+        return Draft(self.api, chat, thread, number, limit=MAX_TEXT, render=self.render,
+                     send=send, fallback=lambda: self._new_live(conv, number),
+                     refused=self._no_drafts.add)
+
+    async def _unpause(self, conv: ConvKey, text: str | None = None) -> bool:
+        """The placeholder of a turn that waited for approval: it becomes `text` (the
+        turn's end), else loses its "waiting" line, or goes when that was all it said."""
+        paused = self._paused.pop(conv, None)
+        if paused is None:
+            return False
+        live, said = paused
+        if text is not None or said.strip():
+            await live.finish(text if text is not None else said)
+        else:
+            for ref in live.refs:
+                await self.api.delete(ref)
+        return True
 
     def _new_live(self, conv: ConvKey, number: int) -> LiveMessage[Posted]:
         """The turn's live message; where its placeholder lands is kept in the store."""
@@ -457,7 +526,7 @@ class TelegramAdapter:
 
         return LiveMessage(post, self._live_edit, limit=MAX_TEXT,
                            min_interval=self.min_edit_interval,
-                           hold=lambda: self.api.edit_at(chat))
+                           hold=lambda: self.api.next_at(chat))
 
     async def _remember_live(self, conv: ConvKey, number: int, where: dict[str, Any]) -> None:
         try:
@@ -473,14 +542,22 @@ class TelegramAdapter:
         turn.tool = None
         if event.text:
             status = event.text
+            if isinstance(turn.live, Draft):
+                turn.live.answer = event.text
         elif event.phase is Phase.TOOL and event.tool:
             turn.tool, turn.tool_since = event.tool, time.monotonic()
-            status = f"⚙️ Running `{event.tool}`…"
+            status = self._tool_status(turn, event.tool, "")
         else:
             status = THINKING
         if status != turn.status:
             turn.status = status
             turn.live.update(status)
+
+    @staticmethod
+    def _tool_status(turn: _Turn, tool: str, seconds: str) -> str:
+        status = f"⚙️ Running `{tool}`" + (f" · {seconds}" if seconds else "…")
+        return f"{status}\n{STOP_HINT}" if isinstance(turn.live, Draft) and \
+            turn.live.live is None else status
 
     async def _typing(self, chat: int, thread: int | None, turn: _Turn) -> None:
         """Typing while the turn runs; also ticks the seconds of a running tool."""
@@ -490,7 +567,7 @@ class TelegramAdapter:
             await asyncio.sleep(self.typing_interval)
             if turn.tool is not None:
                 seconds = render.duration(time.monotonic() - turn.tool_since)
-                turn.status = f"⚙️ Running `{turn.tool}`… ({seconds})"
+                turn.status = self._tool_status(turn, turn.tool, seconds)
                 turn.live.update(turn.status)
 
     @staticmethod
@@ -517,11 +594,31 @@ class TelegramAdapter:
             await live.close()
             return
         if turn is None:
-            await self._notice(conv, text, ())
+            if not await self._unpause(conv, text):  # ended while waiting for approval
+                await self._notice(conv, text, ())
             return
         await self._stop_typing(turn)
         await turn.live.finish(text)
         await turn.live.close()
+
+    async def _suspended(self, event: Suspended) -> None:
+        """The turn waits for approval: a placeholder says so until the turn goes on; a
+        draft leaves only what the model said (the card says the rest)."""
+        turn = self._turns.pop(event.conv, None)
+        if turn is None:
+            return
+        await self._stop_typing(turn)
+        live = turn.live
+        if isinstance(live, Draft) and live.live is None:
+            if event.text.strip() and not live.answered:
+                await live.finish(event.text)
+            await live.close()
+            return
+        placeholder = live.live if isinstance(live, Draft) else live
+        assert placeholder is not None
+        await placeholder.finish(paused_for_approval(event.text))
+        await placeholder.close()
+        self._paused[event.conv] = (placeholder, event.text)
 
     async def _approval_requested(self, event: ApprovalRequested) -> None:
         turn = self._turns.get(event.conv)
@@ -560,6 +657,8 @@ class TelegramAdapter:
         return _Card(int(found.get("chat") or 0), found["message_id"], str(found.get("html")))
 
     async def _approval_resolved(self, event: ApprovalResolved) -> None:
+        if event.by is not None:
+            self._settle(event.conv, event.by.id, None)
         by = (event.by.name or event.by.id) if event.by is not None else None
         line = render.outcome_line(event.outcome, by)
         card = await self._known_card(event.approval_id)
@@ -577,6 +676,14 @@ class TelegramAdapter:
         edited = Posted(card.chat, None, card.message_id)
         return await self.api.edit(edited, render.decided(card.html, line), None, None,
                                    final=True)
+
+    async def _notice_event(self, event: Notice) -> None:
+        """A notice for the chat; one meant for a person who just pressed a button is
+        their press's answer (an alert) instead: Telegram has no private messages in a
+        group."""
+        to = event.ephemeral_to
+        if to is None or not self._settle(event.conv, to.id, event.text):
+            await self._notice(event.conv, event.text, event.buttons)
 
     async def _notice(self, conv: ConvKey, text: str, buttons: tuple[Button, ...]) -> None:
         chat, thread = _where(conv)

@@ -1,11 +1,14 @@
 """The Telegram Bot API as the adapter calls it: paced per chat, over aiohttp.
 
-`BotApi` makes every call the adapter sends to a chat. A `retry_after` holds every call
-to that chat; a call that may wait sleeps out the hold and retries (until the final
-deadline), one that may not raises `RetryLater`. Edits keep at least `min_edit_interval`
-apart per chat. HTML that Telegram cannot parse goes again as plain text, and an edit
-that changes nothing counts as done. `AiohttpRequest` is PTB's transport (a
-`BaseRequest`) on aiohttp, which costs a quarter of the CPU of PTB's default httpx one.
+`BotApi` makes every call the adapter sends to a chat, and every one of them (sends,
+edits, reactions, drafts, files) goes through one per-chat pacer: a call starts no
+sooner than `min_interval` after the previous call to that chat came back, so Telegram's
+"about one message per second in a chat" is kept rather than found out by a 429. Should a
+`retry_after` come all the same, it holds every call to that chat; a call that may wait
+sleeps out the hold and retries (until the final deadline), one that may not raises
+`RetryLater`. HTML that Telegram cannot parse goes again as plain text, and an edit that
+changes nothing counts as done. `AiohttpRequest` is PTB's transport (a `BaseRequest`) on
+aiohttp, which costs a quarter of the CPU of PTB's default httpx one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -173,10 +176,12 @@ class Posted:
 
 @dataclass(slots=True)
 class _Pace:
-    """Per chat: when the last edit went out and until when Telegram said to wait."""
+    """Per chat: the earliest start of the next call, and until when Telegram said to wait.
+    The lock keeps one call in flight per chat, so each is spaced from the one before."""
 
-    last_edit: float = 0.0
+    next_at: float = 0.0
     hold_until: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _seconds(value: int | float | dt.timedelta) -> float:
@@ -196,10 +201,11 @@ def _keyboard(rows: Rows | None) -> InlineKeyboardMarkup | None:
 class BotApi:
     """One bot's calls to chats, paced per chat and held while Telegram says to wait."""
 
-    def __init__(self, bot: Bot, *, min_edit_interval: float,
+    def __init__(self, bot: Bot, *, min_interval: float,
                  send_timeout: float = SEND_TIMEOUT_S) -> None:
         self.bot = bot
-        self.min_edit_interval = min_edit_interval
+        self.min_interval = min_interval
+        """Seconds from one call's answer to the next call in the same chat."""
         self.send_timeout = send_timeout
         self._paces: dict[int, _Pace] = {}
 
@@ -209,42 +215,53 @@ class BotApi:
             pace = self._paces[chat] = _Pace()
         return pace
 
-    def edit_at(self, chat: int) -> float:
-        """When the next edit in `chat` may go out."""
+    def next_at(self, chat: int) -> float:
+        """When the next call to `chat` may go out."""
         pace = self._pace(chat)
-        return max(pace.last_edit + self.min_edit_interval, pace.hold_until)
+        return max(pace.next_at, pace.hold_until)
+
+    def held(self, chat: int) -> bool:
+        return self._pace(chat).hold_until > time.monotonic()
 
     async def _call(self, chat: int, call: Callable[[], Awaitable[T]], *,
                     wait: bool = True) -> T:
-        """One call; flood control holds the chat, then waits and retries (or RetryLater)."""
+        """One call in its turn; flood control holds the chat, then waits and retries (or
+        RetryLater when `wait` is false)."""
         pace = self._pace(chat)
         give_up = time.monotonic() + FINAL_DEADLINE_S
         failures = 0
-        while True:
-            if wait and (delay := pace.hold_until - time.monotonic()) > 0:
-                await asyncio.sleep(delay)
-            try:
-                return await call()
-            except RetryAfter as exc:
-                seconds = _seconds(exc.retry_after)
-                pace.hold_until = max(pace.hold_until, time.monotonic() + seconds)
-                log.info("Telegram: flood control in chat %s, holding %.0f s", chat, seconds)
-                if not wait or time.monotonic() + seconds > give_up:
-                    raise RetryLater(seconds) from None
-            except NetworkError as exc:  # 5xx, connection trouble; a 400 is not retried,
-                failures += 1          # nor a timeout (the call may have gone through)
-                if isinstance(exc, BadRequest | TimedOut) or failures > TRANSIENT_RETRIES:
-                    raise
-                log.warning("Telegram: %s; retrying", type(exc).__name__)
-                await asyncio.sleep(min(4.0, 0.25 * 2**failures))
+        async with pace.lock:
+            while True:
+                if not wait and pace.hold_until > time.monotonic():
+                    raise RetryLater(pace.hold_until - time.monotonic())
+                if (delay := self.next_at(chat) - time.monotonic()) > 0:
+                    await asyncio.sleep(delay)
+                try:
+                    return await call()
+                except RetryAfter as exc:
+                    seconds = _seconds(exc.retry_after)
+                    pace.hold_until = max(pace.hold_until, time.monotonic() + seconds)
+                    log.warning("Telegram: flood control in chat %s, holding %.0f s", chat,
+                                seconds)
+                    if not wait or time.monotonic() + seconds > give_up:
+                        raise RetryLater(seconds) from None
+                except NetworkError as exc:  # 5xx, connection trouble; a 400 is not
+                    failures += 1          # retried, nor a timeout (it may have arrived)
+                    if isinstance(exc, BadRequest | TimedOut) or failures > TRANSIENT_RETRIES:
+                        raise
+                    log.warning("Telegram: %s; retrying", type(exc).__name__)
+                    await asyncio.sleep(min(4.0, 0.25 * 2**failures))
+                finally:
+                    pace.next_at = time.monotonic() + self.min_interval
 
     async def paced(self, chat: int, call: Callable[[], Awaitable[T]]) -> T:
         """Any call to `chat`, kept to the chat's pace and retried after flood control."""
         return await self._call(chat, call)
 
     async def typing(self, chat: int, thread: int | None) -> None:
-        """The typing action, unless the chat is held; a failure is only logged."""
-        if self._pace(chat).hold_until <= time.monotonic():
+        """The typing action (not a message: unpaced), unless the chat is held; a failure
+        is only logged."""
+        if not self.held(chat):
             try:
                 await self.bot.send_chat_action(chat, ChatAction.TYPING,
                                                 message_thread_id=thread)
@@ -284,10 +301,9 @@ class BotApi:
 
     async def edit(self, ref: Posted, html_text: str, plain: str | None, rows: Rows | None,
                    *, final: bool) -> bool:
-        """Edit; a final edit waits for the chat's pace. False: the message is gone."""
+        """Edit (a final edit waits out a hold; a streaming one raises RetryLater).
+        False: the message is gone."""
         message_id, markup = ref.message_id, _keyboard(rows)
-        if final and (delay := self.edit_at(ref.chat) - time.monotonic()) > 0:
-            await asyncio.sleep(delay)
 
         def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
             return lambda: self.bot.edit_message_text(
@@ -308,9 +324,32 @@ class BotApi:
             if _is(exc, "message to edit not found", "message can't be edited"):
                 return False
             raise
-        finally:
-            self._pace(ref.chat).last_edit = time.monotonic()
         return True
+
+    async def draft(self, chat: int, thread: int | None, draft_id: int, html_text: str,
+                    plain: str) -> None:
+        """Show a draft (a private chat's preview of the answer being written); HTML
+        Telegram cannot parse goes as plain text. Held chats raise RetryLater."""
+        def draft(text: str, mode: str | None) -> Callable[[], Awaitable[bool]]:
+            return lambda: self.bot.send_message_draft(
+                chat, draft_id, text, message_thread_id=thread, parse_mode=mode)
+
+        try:
+            await self._call(chat, draft(html_text, ParseMode.HTML), wait=False)
+        except BadRequest as exc:
+            if not _is(exc, "can't parse entities"):
+                raise
+            await self._call(chat, draft(plain, None), wait=False)
+
+    async def delete(self, ref: Posted) -> None:
+        """Delete one of the bot's messages (a failure is only logged)."""
+        if ref.message_id is None:
+            return
+        message_id = ref.message_id
+        try:
+            await self._call(ref.chat, lambda: self.bot.delete_message(ref.chat, message_id))
+        except (TelegramError, RetryLater):
+            log.info("Telegram: could not delete a message", exc_info=True)
 
     async def clear_buttons(self, chat: int, message_id: int) -> None:
         """Take the buttons off a message (a failure is only logged)."""

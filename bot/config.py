@@ -172,12 +172,24 @@ class TelegramConfig(Section):
     """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.access`)."""
     approvers: Annotated[list[TelegramApprover], Listed] = Field(default_factory=list)
     groups: TelegramGroups = Field(default_factory=TelegramGroups)
+    drafts: bool = True
+    """Stream answers in private chats as a message draft (one message at the end);
+    false: a placeholder edited about once a second, as in groups."""
 
 
 class SlackHTTP(Section):
     host: str = "127.0.0.1"
     port: int = 3000
     path: str = "/slack/events"
+
+
+class SlackAssistant(Section):
+    enabled: bool = False
+    """The app has Slack's assistant surface (manifest `features.assistant_view`, scope
+    `assistant:write`): show "is thinking…" as the thread's status, offer prompts."""
+    prompts: list[str] = Field(default_factory=lambda: [
+        "What can you do?", "Summarize this channel's last day"], max_length=4)
+    """Suggested prompts for a new assistant thread (at most four)."""
 
 
 class SlackConfig(Section):
@@ -193,6 +205,10 @@ class SlackConfig(Section):
     team_id: str | None = None
     """The bot's workspace; when unset, `auth.test` tells it at start."""
     http: SlackHTTP = Field(default_factory=SlackHTTP)
+    streaming: bool = True
+    """Stream answers with Slack's chat streams (`chat.startStream`); where Slack refuses,
+    or false, a message updated about once a second."""
+    assistant: SlackAssistant = Field(default_factory=SlackAssistant)
 
 
 class SchedulerConfig(Section):
