@@ -76,6 +76,7 @@ from adapters.slack_render import (
     parse_command,
     slack_text,
 )
+from adapters.slack_stream import SlackStream, Where
 from bot.app import Dispatch
 from bot.buttons import STALE, ApprovalButton, ButtonData, CancelButton, ItemButton, unpack
 from bot.config import Config
@@ -234,6 +235,10 @@ def _home_team(configured: str | None, auth: AsyncSlackResponse) -> str:
     return configured or told
 
 
+async def _ignore() -> None:
+    """Acks an event Tandem has no use for."""
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -275,7 +280,7 @@ class SlackAdapter:
         self._runner: web.AppRunner | None = None
         self._closed = False
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._live: dict[ConvKey, Live] = {}
+        self._live: dict[ConvKey, Live | SlackStream] = {}
         self._holds: dict[str, float] = {}
         self._seen: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self._threads: OrderedDict[tuple[str, str], bool] = OrderedDict()
@@ -285,9 +290,14 @@ class SlackAdapter:
         self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
         self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
         self._card_at: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._paused: dict[ConvKey, tuple[Live, str]] = {}
-        """A turn waiting for approval: its placeholder (saying so) and its text."""
         """(channel, ts) of the cards posted here, decided or not: their approvals."""
+        self._paused: dict[ConvKey, tuple[Live | SlackStream, str]] = {}
+        """A turn waiting for approval: its placeholder (saying so) and its text."""
+        self._askers: OrderedDict[ConvKey, str] = OrderedDict()
+        """Who last spoke to Tandem in each conversation (a stream in a channel is for
+        them)."""
+        self._no_streams: set[str] = set()
+        """Channels where Slack refused a stream."""
         self._names: OrderedDict[str, str] = OrderedDict()
         self._told: OrderedDict[tuple[str, str], bool] = OrderedDict()
         """(channel, stranger) already told that Tandem does not serve them (once per chat
@@ -364,8 +374,8 @@ class SlackAdapter:
         log.info("slack: listening for events on %s", self.url)
 
     def _build_app(self) -> AsyncApp:
-        # Unhandled payloads reach `_on_bolt_error` (to be acked); the assistant-thread
-        # helpers (`say_stream`, `set_status`…) Tandem does not use are left out.
+        # Unhandled payloads reach `_on_bolt_error` (to be acked); bolt's assistant-thread
+        # middleware is left out: Tandem sets the status and prompts itself.
         app = AsyncApp(client=self._client, signing_secret=self.slack.signing_secret or "",
                        name="tandem", raise_error_for_unhandled_request=True,
                        attaching_conversation_kwargs_enabled=False,
@@ -374,6 +384,8 @@ class SlackAdapter:
         app.use(self._same_workspace)
         app.event("app_mention")(self._on_event)
         app.event("message")(self._on_event)  # also acks the subtypes Tandem ignores
+        app.event("assistant_thread_started")(self._on_assistant_thread)
+        app.event("assistant_thread_context_changed")(_ignore)
         app.action(re.compile(".*"))(self._on_action)
         app.command("/tandem")(self._on_command)
         return app
@@ -477,6 +489,8 @@ class SlackAdapter:
         receipt = await self.hub.submit(item)
         if not receipt.accepted:
             await self._refused(conv, who, receipt.note, dm=dm)
+        elif isinstance(item, UserMessage):
+            _remember(self._askers, conv, who.id)
 
     async def _refused(self, conv: ConvKey, who: User, note: str | None, *,
                        dm: bool | None = None) -> None:
@@ -691,10 +705,14 @@ class SlackAdapter:
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
                 await self._unpause(conv)
-                live = self._live[conv] = self._new_live(conv, event.turn)
+                live = self._live[conv] = self._new_stream(conv, event.turn) or \
+                    self._new_live(conv, event.turn)
                 await live.open(THINKING, delay=self.placeholder_delay)
             case Progress():
-                if (running := self._live.get(conv)) is not None:
+                running = self._live.get(conv)
+                if isinstance(running, SlackStream) and event.text:
+                    running.answer(event.text)
+                elif running is not None:
                     running.update(render.progress_text(event))
             case Suspended(text=text):
                 if (waiting := self._live.pop(conv, None)) is not None:
@@ -734,6 +752,41 @@ class SlackAdapter:
                              deadline=30.0, channel=channel)
         except NETWORK_ERRORS:
             log.info("slack: could not delete %s in %s", ts, channel, exc_info=True)
+
+    def _new_stream(self, conv: ConvKey, turn: int) -> SlackStream | None:
+        """A stream for this turn: in a thread (streams are replies) where Slack has not
+        refused one; in a channel only with the person it is for."""
+        channel, thread = conv.chat_id, conv.thread_id
+        if not self.slack.streaming or thread is None or channel in self._no_streams:
+            return None
+        dm = channel.startswith("D")
+        asker = self._askers.get(conv)
+        if not dm and (asker is None or self.team is None):
+            return None
+        where = Where(channel, thread, None if dm else (self.team or "", asker or ""))
+        status = partial(self._assistant_status, channel, thread) \
+            if dm and self.slack.assistant.enabled else None
+        return SlackStream(self.client, where, min_interval=self.min_edit_interval,
+                           live=lambda: self._new_live(conv, turn),
+                           refused=self._no_streams.add, status=status)
+
+    async def _assistant_status(self, channel: str, thread: str, text: str) -> None:
+        """The assistant thread's status line ("is thinking…", "is running `shell`…")."""
+        await self.client.assistant_threads_setStatus(
+            channel_id=channel, thread_ts=thread, status=render.assistant_status(text))
+
+    async def _on_assistant_thread(self, event: dict[str, Any]) -> None:
+        """A new assistant thread: offer the configured prompts."""
+        thread = _dict(event.get("assistant_thread"))
+        channel, ts = _str(thread.get("channel_id")), _str(thread.get("thread_ts"))
+        prompts = [{"title": p[:75], "message": p} for p in self.slack.assistant.prompts]
+        if not channel or not ts or not prompts:
+            return
+        try:
+            await self.client.assistant_threads_setSuggestedPrompts(
+                channel_id=channel, thread_ts=ts, prompts=prompts)
+        except NETWORK_ERRORS:
+            log.warning("slack: could not offer prompts in %s", channel, exc_info=True)
 
     def _new_live(self, conv: ConvKey, turn: int) -> Live:
         """The turn's live message; where its placeholder lands is kept in the store."""

@@ -10,6 +10,7 @@ None when it is not for Tandem), Slack's markup as plain text, `/commands`.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,20 +45,39 @@ _USER_ID = re.compile(r"[UW][A-Z0-9]+")
 
 # ---- Markdown -> mrkdwn ----------------------------------------------------------------
 
-_FENCED = re.compile(r"```[^\n`]*\n?(.*?)(?:```|\Z)", re.S)
-_INLINE_CODE = re.compile(r"`([^`\n]+)`")
-_LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*<?([^)\s<>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
+_FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
+_QUOTE_MARK = re.compile(r"^ {0,3}>[ \t]?")
+_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \t]*)?$"
+                         r"|^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$")
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)([^\n]+?)(?<!`)\1(?!`)")
+_LINK = re.compile(r"!?\[([^\]\n]+)\]\([ \t]*<?((?:[^()\s<>]|\([^()\s<>]*\))+)>?"
+                   r"(?:[ \t]+\"[^\"\n]*\")?[ \t]*\)")
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+"""A backslash-escaped punctuation character (`\*`): shown as itself, never markup."""
+_AUTOLINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|]+)>", re.I)
 _LINK_TARGET = re.compile(r"(?:https?://|mailto:)\S", re.I)
 """What a Markdown link may point at. Anything else (`!here`, `@U…`, `#C…`, `slack://`)
 would be a mention or a command to Slack, so it stays text."""
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.M)
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)", re.M)
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
-_ITALIC = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
+_HEADING = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$", re.M)
+_RULE = re.compile(r"^ {0,3}(?:([-_])(?:[ \t]*\1){2,}|\*\*\*|\*(?:[ \t]+\*){2,})[ \t]*$", re.M)
+_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+(?=\S)(?:\[([ xX])\][ \t]+)?", re.M)
+_BOLD_ITALIC = re.compile(r"(?<![\w*])\*\*\*(?=[^\s*])(.+?)(?<=[^\s*])\*\*\*(?![\w*])")
+_BOLD = re.compile(r"\*\*(?=[^\s./,;:)\]}|=>])(.+?)(?<=[^\s/\\])\*\*"
+                   r"|(?<!\w)__(?=\S)(?!\w+__(?!\w))(.+?)(?<=\S)__(?!\w)")
+"""`**bold**` (not inside a word: `x**2`) and `__bold__` (not a lone identifier:
+`__init__`)."""
+_ITALIC = re.compile(r"(?<![\w*)\]}/\\])\*(?=[^\s*.,;:/)\]}|=>])(.+?)"
+                     r"(?<=[^\s*/(\[{|=<_\\])\*(?![\w*(\[{])")
+"""`*italic*`, but not arithmetic or globs: `2*3*4`, `(a)*(b)`, `*.py`, `test_*.py`."""
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 _QUOTE = re.compile(r"^(\s*)&gt;", re.M)
 _STAR = "\x01"  # a bold marker while single-star italics are converted
 _SLOT = "\x02"  # protected spans (code, links) while the rest is converted
+_NO_FENCE = "`\u200b`\u200b`"
+"""Three backticks that do not open or close a Slack code block."""
+TABLE_COLUMNS = 72
+"""The widest table shown aligned in a code block; a wider one becomes a line per row."""
 
 
 def escape(text: str) -> str:
@@ -78,16 +98,179 @@ def _link(match: re.Match[str]) -> str | None:
 
 @lru_cache(maxsize=512)
 def to_mrkdwn(markdown: str) -> str:
-    """Common Markdown (as models write it) to Slack mrkdwn; code is kept verbatim."""
+    """Common Markdown (as models write it) to Slack mrkdwn; code is kept verbatim.
+
+    Fenced code (``` or ~~~ of any length, indented under a list item or inside a quote)
+    becomes a Slack code block, tables an aligned code block (a line per row when wide or
+    linked), `#` headings bold lines, bullets •, task boxes ☐ ☑, nested quotes one quote,
+    rules ───. Markers only count at word edges: `snake_case`, `__init__`, `2*3*4` and
+    `*.py` stay as typed."""
+    lines = markdown.split("\n")
     out: list[str] = []
-    pos = 0
-    for match in _FENCED.finditer(markdown):
-        out.append(_inline(markdown[pos:match.start()]))
-        code = match.group(1).rstrip("\n")
-        out.append(f"```\n{escape(code)}\n```" if code else "```\n \n```")
-        pos = match.end()
-    out.append(_inline(markdown[pos:]))
-    return "".join(out)
+    prose: list[str] = []
+    i = 0
+    while i < len(lines):
+        inner, quoted = _unquote(lines[i])
+        fence = _FENCE.match(inner)
+        table = 0 if fence else _table_end(lines, i, quoted)
+        if not fence and not table:
+            prose.append(f"> {inner}" if quoted else inner)
+            i += 1
+            continue
+        if prose:
+            out.append(_inline("\n".join(prose)))
+            prose = []
+        if fence:
+            code, i = _code_block(lines, i + 1, fence, quoted)
+            out.append(code)
+        else:
+            rows = [_unquote(line)[0] for line in lines[i:table]]
+            aligned = _aligned_table(rows)
+            if aligned is None:
+                out.append(_inline("\n".join(("> " if quoted else "") + row
+                                             for row in _table_lines(rows))))
+            else:
+                out.append(aligned)
+            i = table
+    if prose:
+        out.append(_inline("\n".join(prose)))
+    return "\n".join(out)
+
+
+def _unquote(line: str) -> tuple[str, bool]:
+    """A line without its `>` markers (Slack has one level of quote), and whether it had
+    any."""
+    inner = line
+    while (match := _QUOTE_MARK.match(inner)) is not None:
+        inner = inner[match.end():]
+    return inner, inner is not line
+
+
+def _code_block(lines: list[str], i: int, fence: re.Match[str],
+                quoted: bool) -> tuple[str, int]:
+    """The fenced block whose body starts at line `i` as a Slack code block (out of any
+    quote), and the line after its end. An unclosed block runs to the end."""
+    marker = fence.group("fence")
+    indent = len(fence.group("indent").expandtabs(4))
+    body: list[str] = []
+    while i < len(lines):
+        line = _unquote(lines[i])[0] if quoted else lines[i]
+        i += 1
+        close = _FENCE_CLOSE.match(line)
+        if close and close.group("fence")[0] == marker[0] \
+                and len(close.group("fence")) >= len(marker):
+            break
+        strip = len(line) - len(line.lstrip(" "))
+        body.append(line[min(strip, indent):])
+    code = "\n".join(body).strip("\n")
+    return _code(code), i
+
+
+def _code(code: str) -> str:
+    return f"```\n{escape(code).replace('```', _NO_FENCE)}\n```" if code.strip() \
+        else "```\n \n```"
+
+
+def _table_end(lines: list[str], i: int, quoted: bool) -> int:
+    """The end (exclusive) of the table whose header is line `i`, or 0 when none starts
+    there: a header row with `|`, a rule like `|---|:--:|`, then rows with `|`."""
+    if i + 1 >= len(lines):
+        return 0
+    header, rule = _unquote(lines[i]), _unquote(lines[i + 1])
+    if header[1] != quoted or rule[1] != quoted or "|" not in header[0] \
+            or "|" not in rule[0] or not _TABLE_RULE.match(rule[0]):
+        return 0
+    end = i + 2
+    while end < len(lines):
+        row, row_quoted = _unquote(lines[end])
+        if row_quoted != quoted or "|" not in row or not row.strip() or _FENCE.match(row):
+            break
+        end += 1
+    return end
+
+
+def _cells(row: str) -> list[str]:
+    """A table row's cells: split at `|` outside code spans; `\\|` is a pipe."""
+    text = row.strip()
+    cells: list[str] = []
+    cell: list[str] = []
+    code = False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and text[i + 1: i + 2] == "|":
+            cell.append("|")
+            i += 2
+            continue
+        if ch == "`":
+            code = not code
+        if ch == "|" and not code:
+            cells.append("".join(cell))
+            cell = []
+        else:
+            cell.append(ch)
+        i += 1
+    cells.append("".join(cell))
+    if cells and not cells[0].strip() and text.startswith("|"):
+        cells = cells[1:]
+    if cells and not cells[-1].strip() and text.endswith("|") and not text.endswith("\\|"):
+        cells = cells[:-1]
+    return [c.strip() for c in cells]
+
+
+def _table_lines(rows: list[str]) -> list[str]:
+    """A table as Markdown lines, one per row: cells between ` | `, the header bold."""
+    head, _, *body = [_cells(row) for row in rows]
+    title = " | ".join(cell.replace("**", "") for cell in head)
+    return [f"**{title}**" if title.strip() else "", *(" | ".join(row) for row in body)]
+
+
+def _plain(cell: str) -> str:
+    """A cell's text without its inline markup."""
+    text = _CODE_SPAN.sub(lambda m: m.group(2).strip(), cell)
+    text = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|~~(?=\S)(.+?)(?<=\S)~~",
+                  lambda m: m.group(1) or m.group(2), text)
+    return _ITALIC.sub(r"\1", text)
+
+
+def _aligned_table(rows: list[str]) -> str | None:
+    """A table aligned in a code block, or None when it holds links or is too wide."""
+    if any(_LINK.search(row) for row in rows):
+        return None
+    cells = [_cells(row) for i, row in enumerate(rows) if i != 1]
+    texts = [[_plain(cell) for cell in row] for row in cells]
+    count = max(len(row) for row in texts)
+    texts = [row + [""] * (count - len(row)) for row in texts]
+    rule = _cells(rows[1])
+    right = [c.endswith(":") and not c.startswith(":") for c in rule] + [False] * count
+    widths = [max(_width(row[c]) for row in texts) for c in range(count)]
+    if sum(widths) + 3 * (count - 1) > TABLE_COLUMNS:
+        return None
+
+    def cell(text: str, c: int) -> str:
+        pad = " " * (widths[c] - _width(text))
+        return pad + text if right[c] else text + pad
+
+    lines = [" | ".join(cell(text, c) for c, text in enumerate(row)).rstrip()
+             for row in texts]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return _code("\n".join(lines))
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes in a monospace font (wide characters and most emoji two)."""
+    return sum(0 if unicodedata.combining(ch) or ch in "\u200d\ufe0f" else
+               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _code_span(match: re.Match[str]) -> str:
+    """A code span; one holding a backtick (which would end Slack's) is shown as text."""
+    body = match.group(2)
+    if len(match.group(1)) > 1:
+        body = body.strip() or body
+    if "`" in body:
+        return escape(body)
+    return f"`{escape(body)}`"
 
 
 def _inline(text: str) -> str:
@@ -98,14 +281,23 @@ def _inline(text: str) -> str:
         slots.append(rendered)
         return f"{_SLOT}{len(slots) - 1}{_SLOT}"
 
-    text = _INLINE_CODE.sub(lambda m: keep(f"`{escape(m.group(1))}`"), text)
+    def autolink(match: re.Match[str]) -> str:
+        url = escape(match.group(1)).replace("|", "%7C")
+        return keep(f"<{url}>")
+
+    text = _CODE_SPAN.sub(lambda m: keep(_code_span(m)), text)
+    text = _ESCAPED.sub(lambda m: keep(escape(m.group(1))), text)
     text = _LINK.sub(lambda m: keep(link) if (link := _link(m)) else m.group(0), text)
+    text = _AUTOLINK.sub(autolink, text)
     text = _QUOTE.sub(r"\1>", escape(text))
     text = _HEADING.sub(lambda m: f"{_STAR}{m.group(1).replace('**', '')}{_STAR}", text)
-    text = _BULLET.sub(r"\1• ", text)
+    text = _RULE.sub("───", text)
+    text = _BULLET.sub(lambda m: f"{m.group(1)}• " + {" ": "☐ ", "x": "☑ ", "X": "☑ "}.get(
+        m.group(2) or "", ""), text)
+    text = _BOLD_ITALIC.sub(lambda m: f"{_STAR}_{m.group(1)}_{_STAR}", text)
     text = _BOLD.sub(lambda m: f"{_STAR}{m.group(1) or m.group(2)}{_STAR}", text)
     text = _ITALIC.sub(r"_\1_", text)
-    text = _STRIKE.sub(r"~\1~", text).replace(_STAR, "*")
+    text = _STRIKE.sub(r"~\1~", text).replace(_STAR, "*").replace("```", _NO_FENCE)
     return _filled(text, slots)
 
 
@@ -187,6 +379,13 @@ def progress_text(event: Progress) -> str:
     if event.phase is Phase.TOOL and event.tool:
         return f"⚙️ Running `{event.tool}`… ({event.elapsed_s:.0f} s)"
     return THINKING
+
+
+def assistant_status(text: str) -> str:
+    """A placeholder's status line as an assistant thread's status ("is thinking…")."""
+    if text.startswith("⚙️ Running "):
+        return "is running " + text.removeprefix("⚙️ Running ")
+    return "is thinking…"
 
 
 def mention(user: User | None) -> str:

@@ -136,9 +136,9 @@ async def test_a_mention_and_the_thread_that_follows(rig: Rig, model: FakeModelS
     await rig.settle()
     # A reply in that thread, without a mention, continues the conversation.
     await rig.say("C1", "U2", "tell me more", channel_type="channel", thread_ts=root["ts"])
-    texts = await rig.wait_text("C1", "Second answer.", thread=root["ts"])
+    await rig.wait_text("C1", "Second answer.", thread=root["ts"])
     await rig.settle()
-    assert texts == ["First answer.", "Second answer."]
+    assert rig.texts("C1", root["ts"]) == ["First answer.", "Second answer."]
     assert "[user_u1] what is up?" in user_texts(model)[0]
     assert any(t.startswith("[user_u2] tell me more") for t in user_texts(model))
     # Channel talk without a mention, and replies in threads Tandem is not part of: ignored.

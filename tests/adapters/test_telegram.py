@@ -738,3 +738,147 @@ async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
         [message] = r.bot(ANN)
     assert (message.message_id, message.text) == (left.message_id, "The answer.")
     assert not message.reply_markup
+
+
+# -- drafts, pacing and what a press is told -------------------------------------------
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def _chat_calls(fake: FakeTelegram, chat: int) -> list[float]:
+    """When each call that targets `chat` (every kind the pacer paces) was answered."""
+    paced = {"sendMessage", "editMessageText", "editMessageReplyMarkup", "sendMessageDraft",
+             "setMessageReaction", "deleteMessage", "sendDocument", "sendPhoto"}
+    return [c.time for c in fake.calls
+            if c.method in paced and str((c.params or {}).get("chat_id")) == str(chat)]
+
+
+async def test_a_dm_answer_streams_as_drafts_then_one_message(
+        tmp_path: Path, model: FakeModelServer) -> None:
+    answer = " ".join(f"word{i}" for i in range(120))
+    model.script(Reply(text=answer, chunk_size=12, chunk_delay=0.03))
+    async with FakeTelegram(chat_interval=1.0, burst=0) as strict, \
+            rig(tmp_path, model, strict, {"min_edit_interval": 1.0}, drafts=True) as r:
+        strict.push_message(ANN, ANN, "tell me a lot")
+        final = await r.answered(ANN, answer)
+        await r.hub.idle()
+    drafts = [d for d in strict.drafts if d.chat_id == ANN]
+    assert len(drafts) >= 2 and any(d.text.startswith("word0") for d in drafts)
+    assert len({d.draft_id for d in drafts}) == 1
+    assert len(r.bot(ANN)) == 1 and final.edits == 0  # one message, never edited
+    assert strict.rate_limited == []
+    assert min(_gaps(_chat_calls(strict, ANN))) >= 0.95  # the final send keeps the pace too
+    assert model.violations == []
+
+
+async def test_a_group_answer_streams_by_edits_at_most_once_a_second(
+        tmp_path: Path, model: FakeModelServer) -> None:
+    answer = " ".join(f"word{i}" for i in range(120))
+    model.script(Reply(text=answer, chunk_size=12, chunk_delay=0.03))
+    async with FakeTelegram(chat_interval=1.0, burst=0) as strict, \
+            rig(tmp_path, model, strict, {"min_edit_interval": 1.0}, drafts=True) as r:
+        strict.push_message(GROUP, ANN, "@tandem_bot tell me a lot", chat_type="supergroup")
+        final = await r.answered(GROUP, answer)
+        await r.hub.idle()
+    assert strict.drafts == [] and final.edits >= 2
+    assert strict.rate_limited == []
+    assert min(_gaps(_chat_calls(strict, GROUP))) >= 0.95
+    assert model.violations == []
+
+
+async def test_stop_mid_draft_leaves_the_partial_answer_marked_cancelled(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(text="word " * 400, chunk_size=5, chunk_delay=0.02))
+    async with rig(tmp_path, model, fake, drafts=True) as r:
+        fake.push_message(ANN, ANN, "talk a lot")
+        await r.until(lambda: any(d.text.startswith("word") for d in fake.drafts))
+        fake.push_message(ANN, ANN, "/stop")
+        await r.until(lambda: any(t.endswith("⏹ Cancelled.") for t in fake.bot_texts(ANN)))
+        await r.hub.idle()
+    [shown] = [t for t in fake.bot_texts(ANN) if t.endswith("⏹ Cancelled.")]
+    assert shown.startswith("word") and shown.count("word") < 400
+    assert model.violations == []
+
+
+async def test_refused_drafts_fall_back_to_an_edited_placeholder(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    answer = " ".join(f"word{i}" for i in range(60))
+    model.script(Reply(text=answer, chunk_size=10, chunk_delay=0.03), Reply(text="again"))
+    fake.refuse_drafts = True
+    async with rig(tmp_path, model, fake, drafts=True) as r:
+        fake.push_message(ANN, ANN, "tell me")
+        final = await r.answered(ANN, answer)
+        fake.push_message(ANN, ANN, "once more")
+        await r.answered(ANN, "again")
+        await r.hub.idle()
+    assert final.history[0] == "⏳ Thinking…" and final.edits >= 1
+    tried = [c for c in fake.calls if c.method == "sendMessageDraft"]
+    assert len(tried) == 1  # the chat is remembered as one without drafts
+    assert model.violations == []
+
+
+async def test_chats_sending_back_to_back_never_meet_flood_control(
+        tmp_path: Path, model: FakeModelServer) -> None:
+    # Each chat sends its next message as soon as an answer shows, and twice a second
+    # message while the first is answered (a queued turn: 👀, then its own answer).
+    chats = [ANN, BOB, CAROL]
+    for _ in range(len(chats) * 4):
+        model.script(Reply(text="answer " * 30, chunk_size=20, chunk_delay=0.01))
+    async with FakeTelegram(chat_interval=1.0, burst=0) as strict, \
+            rig(tmp_path, model, strict, {"min_edit_interval": 1.0, "placeholder_delay": 0.1},
+                allowed_users=chats, drafts=False) as r:
+        for round_ in range(2):
+            for chat in chats:
+                strict.push_message(chat, chat, f"first {round_}")
+                strict.push_message(chat, chat, f"second {round_}")
+            await r.until(lambda n=round_: all(
+                len([t for t in strict.bot_texts(c) if t.startswith("answer")]) >= 2 * (n + 1)
+                and not any(m.reply_markup for m in r.bot(c)) for c in chats), timeout=30)
+        await r.hub.idle()
+    assert strict.rate_limited == []
+    for chat in chats:
+        assert min(_gaps(_chat_calls(strict, chat))) >= 0.95
+    assert model.violations == []
+
+
+async def test_a_press_on_a_decided_card_is_told_privately(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote it."))
+    async with rig(tmp_path, model, fake, allowed_users=[ANN, BOB], approvers=[BOB]) as r:
+        fake.push_message(GROUP, ANN, "@tandem_bot write it", chat_type="supergroup")
+        card, approval_id = await r.card(GROUP)
+        first = r.press(GROUP, ANN, card, approval_id, Verdict.APPROVE)
+        second = r.press(GROUP, BOB, card, approval_id, Verdict.DENY, name="Bob")
+        await r.answered(GROUP, "Wrote it.")
+        await r.until(lambda: second in fake.callback_answers)
+        # a client still showing the card's buttons
+        late = fake.push_callback(GROUP, BOB, card.message_id,
+                                  pack(ApprovalButton(approval_id, Verdict.APPROVE)),
+                                  first_name="Bob", forged=True)
+        await r.until(lambda: late in fake.callback_answers)
+        await r.settle()
+    answers = [fake.callback_answers[q] for q in (first, second, late)]
+    refusals = [a for a in answers if a.get("text")]
+    assert len(refusals) == 2 and all(a["show_alert"] for a in refusals)
+    assert all(a["text"] == "Already decided: approved." for a in refusals)
+    assert not any("Already decided" in t for t in fake.bot_texts(GROUP))
+    assert model.violations == []
+
+
+async def test_a_denied_call_leaves_no_waiting_placeholder(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(text="I will write it.", tool_calls=[ECHO]),
+                 Reply(text="Not written, then."))
+    async with rig(tmp_path, model, fake) as r:
+        fake.push_message(ANN, ANN, "write it")
+        card, approval_id = await r.card(ANN)
+        await r.until(lambda: any("Waiting for approval" in t for t in fake.bot_texts(ANN)))
+        r.press(ANN, ANN, card, approval_id, Verdict.DENY)
+        await r.answered(ANN, "Not written, then.")
+        await r.settle()
+    texts = fake.bot_texts(ANN)
+    assert not any("Waiting for approval" in t for t in texts)
+    assert "I will write it." in texts  # what the model said before it asked stays
+    assert model.violations == []
