@@ -178,8 +178,10 @@ class LiveMessage(Generic[Ref]):
         for i, part in enumerate(parts):
             await self._place(i, part, live=False, deadline=FINAL_DEADLINE_S)
 
-    async def close(self) -> None:
-        await self._stop_opener(land=False)
+    async def close(self, *, land: bool = False) -> None:
+        """Stop: a placeholder not yet due is dropped; one being posted is cut off, or,
+        with `land`, awaited (so that `refs` names it)."""
+        await self._stop_opener(land=land)
         await self._stop_flushing()
 
     async def _stop_flushing(self) -> None:
@@ -215,6 +217,7 @@ class LiveMessage(Generic[Ref]):
             wait = max(self._last_edit + self.min_interval, self._hold()) - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
+        self._last_edit = time.monotonic()  # counts even if cut off by the final text
         if index < len(self._shown):
             await self._retrying(lambda: self._edit(shown.ref, text, live), deadline)
             shown.text = text

@@ -698,7 +698,8 @@ class SlackAdapter:
                 await self._react(conv, ref)
 
     async def _render_turn(self, event: TurnStarted | Progress | TurnEnded | Suspended) -> None:
-        """One LiveMessage per turn: placeholder, throttled edits, final text."""
+        """One live message per turn (a stream, or a placeholder edited): status, the
+        answer as it grows, the final text."""
         conv = event.conv
         match event:
             case TurnStarted():
@@ -714,22 +715,36 @@ class SlackAdapter:
                     running.answer(event.text)
                 elif running is not None:
                     running.update(render.progress_text(event))
-            case Suspended(text=text):
-                if (waiting := self._live.pop(conv, None)) is not None:
-                    await waiting.finish(paused_for_approval(text))
-                    await waiting.close()
-                    self._paused[conv] = (waiting, text)
-            case TurnEnded(text=text):
-                ending = self._live.pop(conv, None)
-                if ending is None and event.live and isinstance(ts := event.live.get("ts"), str):
-                    # another process ran the turn and died: its placeholder becomes it
-                    ending = self._new_live(conv, event.turn)
-                    ending.adopt(ts)
-                if ending is not None:
-                    await ending.finish(text)
-                    await ending.close()
-                elif not await self._unpause(conv, text):
-                    await self._post(conv, text)
+            case Suspended():
+                await self._suspended(event)
+            case TurnEnded():
+                await self._ended(event)
+
+    async def _suspended(self, event: Suspended) -> None:
+        """The turn waits for approval: its placeholder says so until the turn goes on."""
+        conv, text = event.conv, event.text
+        waiting = self._live.pop(conv, None)
+        if isinstance(waiting, SlackStream) and not waiting.refs:
+            await waiting.close()  # only a status line showed: the card says it
+            if text.strip():
+                await self._post(conv, text)
+        elif waiting is not None:
+            await waiting.finish(paused_for_approval(text))
+            await waiting.close()
+            self._paused[conv] = (waiting, text)
+
+    async def _ended(self, event: TurnEnded) -> None:
+        conv, text = event.conv, event.text
+        ending = self._live.pop(conv, None)
+        if ending is None and event.live and isinstance(ts := event.live.get("ts"), str):
+            # another process ran the turn and died: its placeholder becomes the answer
+            ending = self._new_live(conv, event.turn)
+            ending.adopt(ts)
+        if ending is not None:
+            await ending.finish(text)
+            await ending.close()
+        elif not await self._unpause(conv, text):
+            await self._post(conv, text)
 
     async def _unpause(self, conv: ConvKey, text: str | None = None) -> bool:
         """The placeholder of a turn that waited for approval: it becomes `text` (the

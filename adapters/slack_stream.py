@@ -178,6 +178,8 @@ class SlackStream:
 
     async def _grow(self, text: str) -> None:
         delta = text[len(self._streamed):]
+        if self.ts is None and self.placeholder is not None:
+            await self.placeholder.close(land=True)  # no placeholder posted after this
         try:
             if self.ts is None:
                 resp = await self.client.chat_startStream(
@@ -257,7 +259,6 @@ class SlackStream:
         placeholder, self.placeholder = self.placeholder, None
         if placeholder is None:
             return
-        await placeholder.close()
         for ts in placeholder.refs:
             if ts is not None:
                 with contextlib.suppress(SlackApiError, aiohttp.ClientError, TimeoutError):

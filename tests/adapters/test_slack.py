@@ -1022,3 +1022,172 @@ async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
         [message] = fake.bot_messages("D1")
     assert message.ts == ts and block_text(message.blocks) == "The answer."
     assert "actions" not in json.dumps(message.blocks)
+
+
+# ---- streaming, the assistant surface and what the chat keeps -----------------------------
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def _message_calls(fake: FakeSlackServer, channel: str) -> list[tuple[str, float]]:
+    """The answer's calls in `channel`: posts, updates, deletes and stream calls."""
+    kinds = {"chat.postMessage", "chat.update", "chat.delete", "chat.startStream",
+             "chat.appendStream", "chat.stopStream"}
+    return [(c.method, c.time) for c in fake.calls
+            if c.method in kinds and c.params.get("channel") == channel and c.error is None]
+
+
+LONG = " ".join(f"word{i}" for i in range(150))
+
+
+@pytest.mark.parametrize("channel", ["D1", "C1"])
+async def test_a_thread_answer_streams_at_most_once_a_second(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path, channel: str) -> None:
+    model.script(Reply(text="First."), Reply(text=LONG, chunk_size=12, chunk_delay=0.03))
+    kind = "im" if channel == "D1" else "channel"
+    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
+                   placeholder_delay=0.5) as rig:
+        root = await rig.say(channel, "U1", "start", channel_type=kind, mention=kind != "im")
+        thread = root["ts"]
+        await rig.wait_text(channel, "First.", thread=thread if kind != "im" else None)
+        await rig.settle()
+        await rig.say(channel, "U1", "tell me a lot", channel_type=kind, thread_ts=thread)
+        await rig.wait_text(channel, "word149", thread=thread)
+        await rig.settle()
+    [streamed] = [m for m in fake.bot_messages(channel) if m.stream is not None]
+    assert streamed.text == LONG and streamed.appends and not streamed.edits
+    assert rig.texts(channel, thread)[-1] == LONG
+    [start] = fake.calls_to("chat.startStream")
+    if kind == "im":
+        assert "recipient_user_id" not in start.params
+    else:
+        assert (start.params["recipient_team_id"], start.params["recipient_user_id"]) == \
+            ("T1", "U1")
+    calls = [t for method, t in _message_calls(fake, channel)
+             if method in ("chat.startStream", "chat.appendStream", "chat.stopStream")]
+    assert min(_gaps(calls)) >= 0.95  # the stop too
+    assert fake.rate_limited == []
+
+
+async def test_a_refused_stream_falls_back_to_updates_paced_to_the_last(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    fake.refuse_streams = True
+    model.script(Reply(text="First."), Reply(text=LONG, chunk_size=12, chunk_delay=0.03),
+                 Reply(text="Again."))
+    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0) as rig:
+        root = await rig.say("D1", "U1", "start")
+        await rig.wait_text("D1", "First.")
+        await rig.settle()
+        await rig.say("D1", "U1", "tell me a lot", thread_ts=root["ts"])
+        await rig.wait_text("D1", "word149", thread=root["ts"])
+        await rig.settle()
+        await rig.say("D1", "U1", "again", thread_ts=root["ts"])
+        await rig.wait_text("D1", "Again.", thread=root["ts"])
+        await rig.settle()
+    assert len(fake.calls_to("chat.startStream")) == 1  # remembered: no stream tried again
+    answer = next(m for m in fake.bot_messages("D1") if "word149" in m.text)
+    assert answer.stream is None and len(answer.edits) >= 2
+    updates = [c.time for c in fake.calls_to("chat.update") if c.params.get("ts") == answer.ts]
+    assert len(updates) >= 2 and min(_gaps(updates)) >= 0.95  # the final one too
+
+
+@pytest.mark.parametrize("refused", [False, True])
+async def test_stop_mid_stream_marks_the_partial_answer_cancelled(
+        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path, refused: bool) -> None:
+    fake.refuse_streams = refused
+    model.script(Reply(text="First."), Reply(text="word " * 400, chunk_size=5, chunk_delay=0.02))
+    async with Rig(fake, model, tmp_path, "socket", edit_interval=0.3) as rig:
+        root = await rig.say("D1", "U1", "start")
+        thread = root["ts"]
+        await rig.wait_text("D1", "First.")
+        await rig.settle()
+        await rig.say("D1", "U1", "talk a lot", thread_ts=thread)
+        await rig.wait_text("D1", "word word", thread=thread)
+        await rig.say("D1", "U1", "/stop", thread_ts=thread)
+        await rig.wait_text("D1", "⏹ Cancelled.", thread=thread)
+        await rig.settle()
+    [shown] = [t for t in rig.texts("D1", thread) if "⏹ Cancelled." in t]
+    assert shown.startswith("word") and shown.count("word") < 400
+    assert shown.rstrip().endswith("⏹ Cancelled.")
+
+
+async def test_the_assistant_thread_shows_status_and_offers_prompts(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    model.script(Reply(text="Hi."),
+                 Reply(tool_calls=[ToolCallSpec("shell", {"command": "sleep 0.3"})]),
+                 Reply(text="Done."))
+    async with FakeSlackServer(rate_limit=False, assistant=True) as fake, \
+            Rig(fake, model, tmp_path, "socket", slack__assistant__enabled=True,
+                approvals__tools={"shell": "allow"}) as rig:
+        await rig.send("events_api", {"type": "event_callback", "team_id": "T1", "event": {
+            "type": "assistant_thread_started", "assistant_thread": {
+                "user_id": "U1", "channel_id": "D1", "thread_ts": "1700000000.000001",
+                "context": {}}}})
+        await fake.wait_for(lambda: fake.suggested_prompts)
+        root = await rig.say("D1", "U1", "hello")
+        await rig.wait_text("D1", "Hi.")
+        await rig.settle()
+        await rig.say("D1", "U1", "run it", thread_ts=root["ts"])
+        card = await rig.card("D1")  # asked: the thread's earlier messages were read
+        await rig.press("D1", "U1", card.ts, "tandem_approve")
+        await rig.wait_text("D1", "Done.", thread=root["ts"])
+        await rig.settle()
+    statuses = [s for (_, _, s) in fake.statuses]
+    assert "is thinking…" in statuses and any(s.startswith("is running `shell`") for s in statuses)
+    assert fake.suggested_prompts
+    shown = rig.texts("D1", root["ts"])
+    assert not any("Thinking" in t or "Waiting" in t for t in shown)  # the status says it
+
+
+async def test_a_reply_then_a_mention_reads_the_thread_once(rig: Rig,
+                                                           model: FakeModelServer) -> None:
+    model.script(Reply(text="Here to help."))
+    root = rig.fake.message_event("C3", "U3", "deploy failed", channel_type="channel")
+    await rig.say("C3", "U1", "any logs?", channel_type="channel", thread_ts=root["ts"])
+    await rig.settle()
+    await rig.say("C3", "U2", "see build 42", channel_type="channel", thread_ts=root["ts"])
+    await rig.say("C3", "U1", "can you look?", channel_type="channel", mention=True,
+                  thread_ts=root["ts"])
+    await rig.wait_text("C3", "Here to help.", thread=root["ts"])
+    await rig.settle()
+    assert len(rig.fake.calls_to("conversations.replies")) == 1
+    first = user_texts(model, 0)[0]
+    assert "deploy failed" in first and "any logs?" in first and "see build 42" in first
+
+
+async def test_a_decided_approval_leaves_no_waiting_placeholder(rig: Rig,
+                                                               model: FakeModelServer) -> None:
+    model.script(shell("echo hi"), Reply(text="Ran it."))
+    await rig.say("D1", "U1", "run it")
+    card = await rig.card("D1")
+    await rig.wait_text("D1", "Waiting for approval")
+    await rig.press("D1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("D1", "Ran it.")
+    await rig.settle()
+    assert not any("Waiting for approval" in t for t in rig.texts("D1"))
+
+
+async def test_a_press_without_data_on_a_decided_card_gets_the_cores_answer(
+        rig: Rig, model: FakeModelServer) -> None:
+    model.script(shell("echo hi"), Reply(text="Ran it."))
+    await rig.say("D1", "U1", "run it")
+    card = await rig.card("D1")
+    await rig.press("D1", "U1", card.ts, "tandem_approve")
+    await rig.wait_text("D1", "Ran it.")
+    await rig.settle()
+    await rig.press("D1", "U1", card.ts, "tandem_approve", value="")  # a stale client's view
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U1"))
+    assert rig.fake.ephemerals_for("U1")[-1]["text"] == "Already decided: approved."
+
+
+async def test_a_stranger_is_told_once_in_each_chat(rig: Rig, model: FakeModelServer) -> None:
+    await rig.say("C1", "U9", "hello?", channel_type="channel", mention=True)
+    await rig.say("C1", "U9", "hello??", channel_type="channel", mention=True)
+    await rig.say("D9", "U9", "hi")
+    await rig.say("D9", "U9", "hi?")
+    await rig.fake.wait_for(lambda: rig.fake.ephemerals_for("U9") and rig.texts("D9"))
+    await rig.settle()
+    assert len(rig.fake.ephemerals_for("U9")) == 1 and len(rig.texts("D9")) == 1
+    assert "`U9`" in rig.texts("D9")[0] and model.requests == []

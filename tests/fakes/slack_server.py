@@ -21,6 +21,49 @@ section text, 2,000-character button values, 255-character ``action_id`` and per
 limits on ``chat.postMessage`` / ``chat.update`` (HTTP 429 + ``Retry-After``). The bot token
 carries ``scopes`` (every Web API answer names them in ``x-oauth-scopes``); the files methods
 refuse a token without the scope they need (``missing_scope``).
+
+Streaming (``chat.startStream`` / ``chat.appendStream`` / ``chat.stopStream``, what
+``AsyncWebClient.chat_stream()`` drives), with the real method's error codes:
+
+* ``chat.startStream`` needs ``channel`` and ``thread_ts`` (streams are always replies;
+  missing: ``invalid_arguments``). Outside a DM (a channel id not starting with ``D``) it
+  needs ``recipient_team_id`` and ``recipient_user_id`` (``missing_recipient_team_id`` /
+  ``missing_recipient_user_id``); a recipient user the fake does not know is
+  ``user_not_found``. It posts a bot reply in the thread, in streaming state, and answers
+  ``{"channel", "ts"}``. Its rate limit is chat.postMessage's (``post_interval``), in its
+  own bucket. ``refuse_streams = True`` makes it answer ``channel_type_not_supported``
+  (:data:`STREAM_REFUSED`; a string picks another error code), as where streaming is not
+  available, so the bot must fall back to chat.postMessage + chat.update.
+* Content is ``markdown_text`` (at most 12,000 characters, else ``invalid_arguments``) or
+  ``chunks`` (a list, or its JSON string, of ``markdown_text`` / ``task_update`` /
+  ``plan_update`` / ``blocks`` chunks, else ``invalid_chunks``), never both in one call
+  (``cannot_provide_both_markdown_text_and_chunks``), and one stream keeps to the kind it
+  started with (``streaming_mode_mismatch``). Markdown is appended to the message's text,
+  at most 40,000 characters in all (``msg_too_long``).
+* ``chat.appendStream`` needs content (``markdown_text_or_chunks_required``); each call's
+  text is in :attr:`FakeSlackMessage.appends`. Its own per-channel bucket refills one call
+  per ``append_interval`` (default 0.1 s, permissive: Slack's is Tier 4) up to ``burst``.
+* ``chat.stopStream`` may add content, ``blocks`` (validated like chat.postMessage's,
+  shown after the text) and ``metadata``; it is not rate limited by the fake.
+* Appending to or stopping a message that is not streaming (a plain bot message, or a
+  stream already stopped or timed out) is ``message_not_in_streaming_state``; a user's
+  message is ``message_not_owned_by_app``; after :meth:`FakeSlackServer.stop_stream_by_user`
+  appends get ``stopped_by_user``. A stream open longer than ``stream_timeout`` (default
+  300 s, from its start) counts as stopped. ``chat.update`` on a streaming message is
+  ``cant_update_message`` (the fake's choice); once stopped it is an ordinary bot message.
+* ``bot_texts`` shows a streamed message as its markdown then its stop blocks' text.
+
+AI assistant threads: ``assistant.threads.setStatus`` (``channel_id``, ``thread_ts``,
+``status`` required; ``""`` clears; ``loading_messages`` at most 10 strings) and
+``assistant.threads.setSuggestedPrompts`` (``channel_id``; optional ``thread_ts`` and
+``title``; ``prompts``: 1-4 ``{"title", "message"}``) need the ``assistant:write`` scope,
+which the token has only when the fake is built with ``assistant=True`` (or a test adds it
+to :attr:`FakeSlackServer.scopes`); without it: ``missing_scope``. When ``assistant`` is
+false (the app has no agent/assistant surface) both answer ``not_agent_app``. A malformed
+``thread_ts`` is ``invalid_thread_ts``; bad arguments are ``invalid_arguments``. Statuses go
+to :attr:`FakeSlackServer.statuses`, prompts to :attr:`FakeSlackServer.suggested_prompts`;
+:meth:`FakeSlackServer.status_of` is the status shown now (cleared by ``""``, by a bot
+message in the thread, or after two minutes).
 """
 
 from __future__ import annotations
@@ -64,6 +107,20 @@ MAX_MARKDOWN_TEXT = 12_000
 MAX_BUTTON_VALUE = 2_000
 MAX_ACTION_ID = 255
 MAX_ALT_TXT = 1_000
+MAX_PROMPTS = 4
+MAX_LOADING_MESSAGES = 10
+STATUS_TIMEOUT = 120.0  # seconds an assistant status stays without a message
+ASSISTANT_SCOPE = "assistant:write"
+NOT_AGENT_APP = "not_agent_app"
+STREAM_REFUSED = "channel_type_not_supported"  # chat.startStream's answer with refuse_streams
+CHUNK_FIELDS = {
+    "markdown_text": ("text",),
+    "task_update": ("id", "title", "status"),
+    "plan_update": ("title",),
+    "blocks": ("blocks",),
+}
+TASK_STATUSES = frozenset({"pending", "in_progress", "complete", "error"})
+TASK_DISPLAY_MODES = frozenset({"timeline", "plan", "dense"})
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 """The largest request body the fake accepts (aiohttp ``client_max_size``); Slack allows 1 GB."""
 
@@ -87,6 +144,8 @@ _METHOD_SCOPES = {
     "files.getUploadURLExternal": "files:write",
     "files.completeUploadExternal": "files:write",
     "files.info": "files:read",
+    "assistant.threads.setStatus": ASSISTANT_SCOPE,
+    "assistant.threads.setSuggestedPrompts": ASSISTANT_SCOPE,
 }
 _FILETYPES = {"jpeg": "jpg", "txt": "text", "md": "markdown", "py": "python", "yml": "yaml"}
 _KNOWN_FILETYPES = frozenset(
@@ -102,6 +161,7 @@ _LOGIN_PAGE = (
 )
 
 _TS_BASE_MICROS = 1_700_000_000 * 1_000_000
+_TS = re.compile(r"[0-9]+\.[0-9]+")
 
 
 class _ApiError(Exception):
@@ -123,6 +183,37 @@ class _ApiError(Exception):
 
 
 @dataclass
+class FakeSlackStream:
+    """The streaming state of a message chat.startStream posted."""
+
+    started: float  # time.monotonic()
+    expires: float  # when the fake stops it if the bot has not
+    recipient_team_id: str | None = None
+    recipient_user_id: str | None = None
+    task_display_mode: str | None = None
+    mode: str | None = None  # "markdown_text" or "chunks", set by the first content sent
+    chunks: list[JSON] = field(default_factory=list)  # every chunk received, in order
+    ended_by: str | None = None  # "bot" (chat.stopStream), "user" or "timeout"
+    final_text: str = ""  # the markdown chat.stopStream added
+    metadata: JSON | None = None
+
+    def expire(self, now: float) -> None:
+        if self.ended_by is None and now >= self.expires:
+            self.ended_by = "timeout"
+
+    @property
+    def state(self) -> str:
+        """``streaming``, ``stopped``, ``stopped_by_user`` or ``timed_out``."""
+        self.expire(time.monotonic())
+        names = {"bot": "stopped", "user": "stopped_by_user", "timeout": "timed_out"}
+        return names[self.ended_by] if self.ended_by else "streaming"
+
+    @property
+    def streaming(self) -> bool:
+        return self.state == "streaming"
+
+
+@dataclass
 class FakeSlackMessage:
     """A message as stored by the fake (user messages, bot messages and thread replies)."""
 
@@ -136,10 +227,21 @@ class FakeSlackMessage:
     edits: list[str] = field(default_factory=list)  # the text after each chat.update
     reactions: list[str] = field(default_factory=list)
     files: list[JSON] | None = None  # file objects, as the message carries them
+    stream: FakeSlackStream | None = None  # set on a message chat.startStream posted
+    appends: list[str] = field(default_factory=list)  # the text each chat.appendStream added
 
     @property
     def is_reply(self) -> bool:
         return self.thread_ts is not None and self.thread_ts != self.ts
+
+    @property
+    def visible_text(self) -> str:
+        """The text the message shows: for a streamed message (until a chat.update), its
+        markdown then the text of the blocks chat.stopStream added; otherwise the text of its
+        section/markdown blocks, else its ``text``."""
+        if self.stream is not None and not self.edits:
+            return "\n".join(part for part in (self.text, block_text(self.blocks)) if part)
+        return block_text(self.blocks) or self.text
 
     def to_api(self) -> JSON:
         """The message as the Web API and interactive payloads render it."""
@@ -298,10 +400,24 @@ class FakeSlackServer:
         retry_after: int = 1,
         team_id: str | None = TEAM_ID,
         scopes: Iterable[str] | None = None,
+        append_interval: float = 0.1,
+        stream_timeout: float = 300.0,
+        assistant: bool = False,
     ) -> None:
         self.bot_token = bot_token
         self.scopes: set[str] = set(DEFAULT_SCOPES if scopes is None else scopes)
-        """The bot token's scopes (mutable: a test may drop one mid-run)."""
+        """The bot token's scopes (mutable: a test may drop one mid-run); ``assistant=True``
+        adds ``assistant:write``."""
+        if assistant:
+            self.scopes.add(ASSISTANT_SCOPE)
+        self.assistant = assistant
+        """The app has the agent/assistant surface (else the assistant.threads methods
+        answer ``not_agent_app``)."""
+        self.append_interval = append_interval
+        self.stream_timeout = stream_timeout
+        self.refuse_streams: bool | str = False
+        """True (or an error code): chat.startStream fails with :data:`STREAM_REFUSED`
+        (or that code)."""
         self.team_id = team_id
         """The workspace ``auth.test`` names (None: an answer without ``team_id``)."""
         self.app_token = app_token
@@ -328,6 +444,10 @@ class FakeSlackServer:
         self.files: dict[str, FakeSlackFile] = {}
         self.refused_downloads: list[str] = []  # file ids served the sign-in page instead
         self.connections_opened = 0
+        self.statuses: list[tuple[str, str, str]] = []  # (channel, thread_ts, status)
+        self.suggested_prompts: list[JSON] = []  # {channel, thread_ts, title, prompts}
+        # (channel, thread root) -> the status shown there and when it was set
+        self._status: dict[tuple[str, str], tuple[str, float]] = {}
 
         self._ts_counter = itertools.count(1)
         self._id_counter = itertools.count(1)
@@ -356,6 +476,11 @@ class FakeSlackServer:
             "files.getUploadURLExternal": self._files_get_upload_url_external,
             "files.completeUploadExternal": self._files_complete_upload_external,
             "files.info": self._files_info,
+            "chat.startStream": self._chat_start_stream,
+            "chat.appendStream": self._chat_append_stream,
+            "chat.stopStream": self._chat_stop_stream,
+            "assistant.threads.setStatus": self._assistant_threads_set_status,
+            "assistant.threads.setSuggestedPrompts": self._assistant_threads_set_suggested_prompts,
         }
         self.add_user(BOT_USER_ID, name=BOT_NAME, real_name="Tandem", is_bot=True)
 
@@ -497,8 +622,29 @@ class FakeSlackServer:
 
     def bot_texts(self, channel_id: str, thread_ts: str | None = None) -> list[str]:
         """The bot's messages as text: the concatenated section/markdown block texts when the
-        message has such blocks, otherwise its ``text``."""
-        return [block_text(m.blocks) or m.text for m in self.bot_messages(channel_id, thread_ts)]
+        message has such blocks, otherwise its ``text``; a streamed message shows its
+        markdown so far, then its stop blocks (:attr:`FakeSlackMessage.visible_text`)."""
+        return [m.visible_text for m in self.bot_messages(channel_id, thread_ts)]
+
+    def streams(self, channel_id: str, thread_ts: str | None = None) -> list[FakeSlackMessage]:
+        """The bot's streamed messages (chat.startStream), in order."""
+        return [m for m in self.bot_messages(channel_id, thread_ts) if m.stream is not None]
+
+    def stop_stream_by_user(self, channel_id: str, ts: str) -> None:
+        """The user presses stop on a streaming message: further appends get
+        ``stopped_by_user``."""
+        msg = self.message(channel_id, ts)
+        if msg is None or msg.stream is None or not msg.stream.streaming:
+            raise AssertionError(f"no streaming message {ts} in {channel_id}\n{self.dump()}")
+        msg.stream.ended_by = "user"
+
+    def status_of(self, channel_id: str, thread_ts: str) -> str | None:
+        """The assistant status the thread shows now, or None (never set, cleared with
+        ``""``, replaced by a bot message in the thread, or two minutes old)."""
+        shown = self._status.get((channel_id, self._thread_root(channel_id, thread_ts)))
+        if shown is None or time.monotonic() - shown[1] >= STATUS_TIMEOUT:
+            return None
+        return shown[0]
 
     def ephemerals_for(self, user: str) -> list[JSON]:
         return [e for e in self.ephemerals if e["user"] == user]
@@ -554,9 +700,8 @@ class FakeSlackServer:
             for m in msgs:
                 who = "bot" if m.bot else m.user
                 thread = f" thread={m.thread_ts}" if m.thread_ts else ""
-                lines.append(
-                    f"{channel_id} {m.ts}{thread} {who}: {(block_text(m.blocks) or m.text)[:120]!r}"
-                )
+                stream = f" [stream {m.stream.state}, {len(m.appends)} appends]" if m.stream else ""
+                lines.append(f"{channel_id} {m.ts}{thread}{stream} {who}: {m.visible_text[:120]!r}")
         lines.append(f"--- acks: {self.acks}")
         lines.append(f"--- pushed without ack: {[e for e in self.pushed if e not in self.acks]}")
         lines.append(f"--- ephemerals: {len(self.ephemerals)}, responses: {len(self.responses)}")
@@ -569,6 +714,7 @@ class FakeSlackServer:
             )
         lines.append(f"--- refused downloads: {self.refused_downloads}")
         lines.append(f"--- rate limited: {self.rate_limited}")
+        lines.append(f"--- assistant statuses: {self.statuses[-10:]}")
         lines.append(f"--- open sockets: {len(self._sockets)}")
         return "\n".join(lines)
 
@@ -1144,6 +1290,8 @@ class FakeSlackServer:
 
     def _store(self, msg: FakeSlackMessage) -> FakeSlackMessage:
         self.messages.setdefault(msg.channel, []).append(msg)
+        if msg.bot and msg.thread_ts is not None:
+            self._status.pop((msg.channel, msg.thread_ts), None)  # the reply replaces it
         return msg
 
     def _open_thread(self, channel: str, thread_ts: str | None) -> str | None:
@@ -1220,7 +1368,7 @@ class FakeSlackServer:
         msg = self.message(channel, str(params.get("ts") or ""))
         if msg is None:
             raise _ApiError("message_not_found")
-        if not msg.bot:
+        if not msg.bot or (msg.stream is not None and msg.stream.streaming):
             raise _ApiError("cant_update_message")
         _validate_content(params)
         self._rate_check("chat.update", channel, self.update_interval)
@@ -1379,6 +1527,153 @@ class FakeSlackServer:
             raise _ApiError("file_not_found")
         return {"file": f.info(), "comments": [], "response_metadata": {"next_cursor": ""}}
 
+    # ------------------------------------------------------------------ streaming
+
+    def _chat_start_stream(self, params: JSON) -> JSON:
+        channel = _require_channel(params)
+        if self.refuse_streams:
+            refused = self.refuse_streams
+            raise _ApiError(refused if isinstance(refused, str) else STREAM_REFUSED)
+        thread_ts = str(params.get("thread_ts") or "")
+        if not thread_ts:
+            raise _invalid_arguments("missing required field: thread_ts")
+        team, user = self._recipient(channel, params)
+        mode_name = params.get("task_display_mode")
+        if mode_name is not None and mode_name not in TASK_DISPLAY_MODES:
+            raise _invalid_arguments(f"invalid task_display_mode {mode_name!r}")
+        text, chunks, mode = _stream_content(params)
+        if len(text) > MAX_TEXT:
+            raise _ApiError("msg_too_long")
+        self._rate_check("chat.startStream", channel, self.post_interval)
+        now = time.monotonic()
+        stream = FakeSlackStream(
+            started=now,
+            expires=now + self.stream_timeout,
+            recipient_team_id=team,
+            recipient_user_id=user,
+            task_display_mode=mode_name,
+            mode=mode,
+            chunks=list(chunks),
+        )
+        root = self._open_thread(channel, thread_ts)
+        msg = FakeSlackMessage(
+            channel, self.new_ts(), BOT_USER_ID, text, bot=True, thread_ts=root, stream=stream
+        )
+        self._store(msg)
+        return {"channel": channel, "ts": msg.ts}
+
+    def _recipient(self, channel: str, params: JSON) -> tuple[str | None, str | None]:
+        """recipient_team_id and recipient_user_id: required outside a DM."""
+        team = str(params.get("recipient_team_id") or "") or None
+        user = str(params.get("recipient_user_id") or "") or None
+        if not channel.startswith("D"):
+            if team is None:
+                raise _ApiError("missing_recipient_team_id")
+            if user is None:
+                raise _ApiError("missing_recipient_user_id")
+        if user is not None and user not in self.users:
+            raise _ApiError("user_not_found")
+        return team, user
+
+    def _chat_append_stream(self, params: JSON) -> JSON:
+        msg, stream = self._open_stream(params, appending=True)
+        text, chunks, mode = _stream_content(params)
+        if mode is None:
+            raise _ApiError("markdown_text_or_chunks_required")
+        _check_growth(msg, stream, text, mode)
+        self._rate_check("chat.appendStream", msg.channel, self.append_interval)
+        _grow(msg, stream, text, chunks, mode)
+        msg.appends.append(text)
+        return {"channel": msg.channel, "ts": msg.ts}
+
+    def _chat_stop_stream(self, params: JSON) -> JSON:
+        msg, stream = self._open_stream(params, appending=False)
+        text, chunks, mode = _stream_content(params)
+        blocks = params.get("blocks") or None
+        if blocks is not None and _block_errors(blocks):
+            raise _ApiError("invalid_blocks", extra={"errors": _block_errors(blocks)})
+        metadata = params.get("metadata")
+        if metadata is not None and not _valid_metadata(metadata):
+            raise _ApiError("invalid_metadata_format")
+        _check_growth(msg, stream, text, mode)
+        _grow(msg, stream, text, chunks, mode)
+        stream.ended_by, stream.final_text, stream.metadata = "bot", text, metadata
+        if blocks is not None:
+            msg.blocks = blocks
+        return {"channel": msg.channel, "ts": msg.ts, "message": self._api_message(msg)}
+
+    def _open_stream(
+        self, params: JSON, *, appending: bool
+    ) -> tuple[FakeSlackMessage, FakeSlackStream]:
+        """The streaming message chat.appendStream / chat.stopStream name, and its stream."""
+        channel = _require_channel(params)
+        ts = str(params.get("ts") or "")
+        if not ts:
+            raise _invalid_arguments("missing required field: ts")
+        msg = self.message(channel, ts)
+        if msg is None:
+            raise _ApiError("message_not_found")
+        if not msg.bot:
+            raise _ApiError("message_not_owned_by_app")
+        stream = msg.stream
+        if stream is None:
+            raise _ApiError("message_not_in_streaming_state")
+        stream.expire(time.monotonic())
+        if stream.ended_by == "user" and appending:
+            raise _ApiError("stopped_by_user")
+        if stream.ended_by is not None:
+            raise _ApiError("message_not_in_streaming_state")
+        return msg, stream
+
+    # ------------------------------------------------------------------ assistant threads
+
+    def _check_assistant(self) -> None:
+        if not self.assistant:
+            raise _ApiError(NOT_AGENT_APP)
+
+    def _assistant_threads_set_status(self, params: JSON) -> JSON:
+        channel = _require_channel_id(params)
+        self._check_assistant()
+        thread_ts = str(params.get("thread_ts") or "")
+        if not thread_ts:
+            raise _invalid_arguments("missing required field: thread_ts")
+        if not _TS.fullmatch(thread_ts):
+            raise _ApiError("invalid_thread_ts")
+        status = params.get("status")
+        if not isinstance(status, str):
+            raise _invalid_arguments("missing required field: status")
+        loading = params.get("loading_messages")
+        if loading is not None and not (
+            isinstance(loading, list)
+            and len(loading) <= MAX_LOADING_MESSAGES
+            and all(isinstance(m, str) and m for m in loading)
+        ):
+            raise _invalid_arguments(
+                f"loading_messages must be a list of at most {MAX_LOADING_MESSAGES} strings"
+            )
+        self.statuses.append((channel, thread_ts, status))
+        key = (channel, self._thread_root(channel, thread_ts))
+        if status:
+            self._status[key] = (status, time.monotonic())
+        else:
+            self._status.pop(key, None)
+        return {}
+
+    def _assistant_threads_set_suggested_prompts(self, params: JSON) -> JSON:
+        channel = _require_channel_id(params)
+        self._check_assistant()
+        thread_ts = str(params.get("thread_ts") or "") or None
+        if thread_ts is not None and not _TS.fullmatch(thread_ts):
+            raise _ApiError("invalid_thread_ts")
+        title = params.get("title")
+        if title is not None and not isinstance(title, str):
+            raise _invalid_arguments("title must be a string")
+        prompts = _check_prompts(params.get("prompts"))
+        self.suggested_prompts.append(
+            {"channel": channel, "thread_ts": thread_ts, "title": title, "prompts": prompts}
+        )
+        return {}
+
 
 # ---------------------------------------------------------------------- helpers
 
@@ -1394,7 +1689,7 @@ async def _read_params(request: web.Request) -> tuple[JSON, str | None]:
                 params.update(body)
         else:
             params.update(dict(parse_qsl(raw.decode(), keep_blank_values=True)))
-    for key in ("blocks", "attachments"):
+    for key in ("blocks", "attachments", "chunks", "prompts", "loading_messages", "metadata"):
         value = params.get(key)
         if isinstance(value, str):
             try:
@@ -1513,6 +1808,101 @@ def _rich_text_blocks(text: str, mention: bool) -> list[JSON]:
             "elements": [{"type": "rich_text_section", "elements": elements}],
         }
     ]
+
+
+def _stream_content(params: JSON) -> tuple[str, list[JSON], str | None]:
+    """The markdown a stream call adds, its chunks, and its kind: ``markdown_text``,
+    ``chunks``, or None when it carries nothing (an empty ``chunks`` list included)."""
+    markdown = params.get("markdown_text")
+    chunks = params.get("chunks")
+    if markdown not in (None, "") and chunks not in (None, []):
+        raise _ApiError("cannot_provide_both_markdown_text_and_chunks")
+    if chunks not in (None, []):
+        checked = _check_chunks(chunks)
+        text = "".join(c["text"] for c in checked if c["type"] == "markdown_text")
+        return text, checked, "chunks"
+    if markdown in (None, ""):
+        return "", [], None
+    if not isinstance(markdown, str):
+        raise _invalid_arguments("markdown_text must be a string")
+    if len(markdown) > MAX_MARKDOWN_TEXT:
+        raise _invalid_arguments(
+            f"must be less than {MAX_MARKDOWN_TEXT + 1} characters [json-pointer:/markdown_text]"
+        )
+    return markdown, [], "markdown_text"
+
+
+def _check_chunks(raw: object) -> list[JSON]:
+    if not isinstance(raw, list):
+        errors = ["must be an array [json-pointer:/chunks]"]
+        raise _ApiError("invalid_chunks", extra={"errors": errors})
+    errors = [e for i, chunk in enumerate(raw) for e in _chunk_errors(chunk, f"/chunks/{i}")]
+    if errors:
+        raise _ApiError("invalid_chunks", extra={"errors": errors})
+    return raw
+
+
+def _chunk_errors(chunk: object, pointer: str) -> list[str]:
+    if not isinstance(chunk, dict) or chunk.get("type") not in CHUNK_FIELDS:
+        return [f"unsupported chunk type [json-pointer:{pointer}/type]"]
+    missing = [f for f in CHUNK_FIELDS[chunk["type"]] if chunk.get(f) in (None, "")]
+    if missing:
+        return [f"missing required field: {f} [json-pointer:{pointer}]" for f in missing]
+    if chunk["type"] == "markdown_text":
+        text = chunk["text"]
+        if not isinstance(text, str) or len(text) > MAX_MARKDOWN_TEXT:
+            return [
+                f"must be a string of less than {MAX_MARKDOWN_TEXT + 1} characters "
+                f"[json-pointer:{pointer}/text]"
+            ]
+    if chunk["type"] == "task_update" and chunk["status"] not in TASK_STATUSES:
+        return [f"invalid status [json-pointer:{pointer}/status]"]
+    if chunk["type"] == "blocks":
+        return [f"{e} (in {pointer})" for e in _block_errors(chunk["blocks"])]
+    return []
+
+
+def _check_growth(
+    msg: FakeSlackMessage, stream: FakeSlackStream, text: str, mode: str | None
+) -> None:
+    if mode is not None and stream.mode is not None and mode != stream.mode:
+        raise _ApiError("streaming_mode_mismatch")
+    if len(msg.text) + len(text) > MAX_TEXT:
+        raise _ApiError("msg_too_long")
+
+
+def _grow(
+    msg: FakeSlackMessage, stream: FakeSlackStream, text: str, chunks: list[JSON], mode: str | None
+) -> None:
+    stream.mode = stream.mode or mode
+    stream.chunks.extend(chunks)
+    msg.text += text
+
+
+def _valid_metadata(metadata: object) -> bool:
+    return (
+        isinstance(metadata, dict)
+        and isinstance(metadata.get("event_type"), str)
+        and isinstance(metadata.get("event_payload", {}), dict)
+    )
+
+
+def _check_prompts(raw: object) -> list[JSON]:
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_PROMPTS:
+        raise _invalid_arguments(f"prompts must be a list of 1 to {MAX_PROMPTS} prompts")
+    for i, prompt in enumerate(raw):
+        if not isinstance(prompt, dict) or not all(
+            isinstance(prompt.get(key), str) and prompt[key] for key in ("title", "message")
+        ):
+            raise _invalid_arguments(f"prompts[{i}] needs a title and a message")
+    return [dict(p) for p in raw]
+
+
+def _require_channel_id(params: JSON) -> str:
+    channel = params.get("channel_id")
+    if not channel or not isinstance(channel, str):
+        raise _ApiError("channel_not_found")
+    return channel
 
 
 def _require_channel(params: JSON) -> str:

@@ -79,6 +79,24 @@ Webhooks, as Telegram runs them:
   ``getWebhookInfo`` shows.  :meth:`FakeTelegram.lose_webhook_answers` makes the next
   deliveries arrive but count as failed, as when a proxy times out: the update comes
   again.  Deliveries stop on :meth:`FakeTelegram.close`.
+
+Message drafts (``sendMessageDraft``, Bot API 9.3+, text optional since 10.0):
+
+* Only private chats take drafts: a group, supergroup or channel gets 400
+  ``TEXTDRAFT_PEER_INVALID`` (:data:`DRAFT_PEER_INVALID`, what Telegram answers there).
+  ``draft_id`` must be a non-zero integer (400 ``draft_id must be non-zero``); ``text``
+  is parsed like sendMessage's (same "can't parse entities" errors) and may be empty or
+  missing, which shows a "Thinking…" placeholder (:data:`DRAFT_PLACEHOLDER`); over 4096
+  visible characters is 400 ``text is too long``.  Returns True.
+* Every accepted draft is in :attr:`FakeTelegram.drafts` (:class:`Draft` records).
+  :meth:`FakeTelegram.draft_of` is what the chat shows now: the latest draft, until 30 s
+  (:data:`DRAFT_TTL`) pass without an update or the bot sends a message to the chat
+  (sendMessage, sendDocument or sendPhoto: the client replaces the draft by it).
+* ``refuse_drafts = True`` makes every sendMessageDraft fail with 400
+  ``method is not available`` (:data:`DRAFTS_UNAVAILABLE`, the fake's own wording), as for
+  a bot or server without drafts: the bot must fall back to sending and editing.
+* Drafts respect a flood hold on the chat (429) and count in the ``chat_interval``
+  stream (see :class:`FakeTelegram`), but not in the per-kind edit/send counting.
 """
 
 from __future__ import annotations
@@ -137,6 +155,11 @@ WEBHOOK_CONFLICT = (
     "use deleteWebhook to delete the webhook first"
 )
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+DRAFT_TTL = 30.0  # seconds a draft stays shown after its last update
+DRAFT_PLACEHOLDER = "Thinking…"  # what an empty draft shows
+DRAFT_PEER_INVALID = "TEXTDRAFT_PEER_INVALID"
+DRAFTS_UNAVAILABLE = "method is not available"  # the refuse_drafts answer (fake's wording)
+CHAT_STREAM = "any"  # the flood kind that counts every call to a chat (chat_interval)
 WEBHOOK_PORTS = frozenset({443, 80, 88, 8443})
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _SECRET_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,256}")
@@ -227,6 +250,7 @@ NUMBER_PARAMS = frozenset(
         "reply_to_message_id",
         "user_id",
         "max_connections",
+        "draft_id",
     }
 )
 BOOL_PARAMS = frozenset(
@@ -393,6 +417,23 @@ class Upload:
     message_id: int
 
 
+@dataclass(frozen=True)
+class Draft:
+    """One accepted sendMessageDraft: the visible text (:data:`DRAFT_PLACEHOLDER` for an
+    empty one) and when it arrived (:func:`time.monotonic`)."""
+
+    chat_id: int
+    draft_id: int
+    text: str
+    time: float
+    thread_id: int | None = None
+    entities: tuple[JSONDict, ...] = ()
+
+    @property
+    def placeholder(self) -> bool:
+        return self.text == DRAFT_PLACEHOLDER and not self.entities
+
+
 @dataclass
 class FakeMessage:
     """A message as currently shown in the chat (after edits).
@@ -432,15 +473,15 @@ class FakeMessage:
 
 @dataclass
 class _Flood:
-    """Per chat and kind (edit/send): time of the last accepted request and quick streak."""
+    """Per chat and kind (edit/send/any): time of the last accepted request and quick streak."""
 
     last: float | None = None
     streak: int = 0
 
-    def hit(self, now: float, interval: float) -> int:
+    def next_streak(self, now: float, interval: float) -> int:
+        """The streak a request arriving at ``now`` would make (nothing is changed)."""
         quick = self.last is not None and now - self.last < interval
-        self.streak = self.streak + 1 if quick else 0
-        return self.streak
+        return self.streak + 1 if quick else 0
 
 
 class _Signal:
@@ -1153,6 +1194,16 @@ class FakeTelegram:
     the seconds left.  ``send_interval`` (off when 0) applies the same rule to
     sendMessage/sendDocument/sendPhoto.
 
+    ``chat_interval`` (off when 0) is a stricter mode for load tests: every call that
+    targets a chat (sendMessage, editMessageText, editMessageReplyMarkup, sendDocument,
+    sendPhoto, setMessageReaction and sendMessageDraft; not sendChatAction,
+    answerCallbackQuery or deleteMessage) counts in one per-chat stream (kind
+    :data:`CHAT_STREAM`) with the same rule: after ``burst`` quick calls in a row (each
+    less than ``chat_interval`` after the previous accepted one) the next quick one gets
+    429 and opens the hold, which then covers all these methods (reactions too).  The
+    per-kind edit/send counting runs as before alongside it; a call refused by either
+    counts in neither.
+
     Webhooks (see the module docstring): ``webhook_targets`` stands for a load balancer
     (None: deliver to the URL setWebhook gave), ``webhook_retry`` is the first and the
     longest pause before a failed delivery is tried again, ``webhook_timeout`` how long
@@ -1169,6 +1220,7 @@ class FakeTelegram:
         retry_after: int = 1,
         flood: bool = True,
         send_interval: float = 0.0,
+        chat_interval: float = 0.0,
         webhook_targets: list[str] | None = None,
         webhook_retry: tuple[float, float] = (0.2, 2.0),
         webhook_timeout: float = 10.0,
@@ -1179,6 +1231,7 @@ class FakeTelegram:
         self.bot_username = bot_username
         self.edit_interval = edit_interval
         self.send_interval = send_interval
+        self.chat_interval = chat_interval
         self.burst = burst
         self.retry_after = retry_after
         self.flood = flood
@@ -1197,6 +1250,11 @@ class FakeTelegram:
         self.rate_limited: list[tuple[int, str]] = []
         self.chat_actions: list[tuple[int, str, float]] = []
         self.reactions: list[tuple[int, int, list[JSONDict]]] = []
+        self.drafts: list[Draft] = []
+        """Every accepted sendMessageDraft, oldest first."""
+        self.refuse_drafts = False
+        """When true, sendMessageDraft answers 400 :data:`DRAFTS_UNAVAILABLE`."""
+        self._shown_drafts: dict[int, Draft] = {}  # chat -> the draft it shows now
         self.internal_errors: list[BaseException] = []
         self._commands: dict[str, list[JSONDict]] = {}
         self._chats: dict[int, JSONDict] = {}
@@ -1248,6 +1306,7 @@ class FakeTelegram:
             "getMyCommands": self._get_my_commands,
             "deleteMyCommands": self._delete_my_commands,
             "setMessageReaction": self._set_message_reaction,
+            "sendMessageDraft": self._send_message_draft,
         }
         self._methods = {name.lower(): (name, handler) for name, handler in handlers.items()}
 
@@ -1523,6 +1582,18 @@ class FakeTelegram:
         """Visible texts (captions for media) of the bot's messages, oldest first."""
         return [m.text for m in self.chat(chat_id, thread_id) if m.from_bot]
 
+    def draft_of(self, chat_id: int) -> str | None:
+        """The draft text the chat shows now (:data:`DRAFT_PLACEHOLDER` for an empty draft),
+        or None: no draft, the last one expired (:data:`DRAFT_TTL`) or a message replaced it."""
+        draft = self._shown_drafts.get(chat_id)
+        if draft is None or time.monotonic() - draft.time >= DRAFT_TTL:
+            return None
+        return draft.text
+
+    def drafts_in(self, chat_id: int) -> list[Draft]:
+        """The accepted drafts of one chat, oldest first."""
+        return [d for d in self.drafts if d.chat_id == chat_id]
+
     def uploads(self, chat_id: int, thread_id: int | None = None) -> list[Upload]:
         """Photos and documents the bot sent to the chat (deleted ones left out), oldest first."""
         found: list[Upload] = []
@@ -1605,6 +1676,10 @@ class FakeTelegram:
             lines.append(f"  delivery {d.update_id} -> {d.url}: {d.status} {d.error or ''}")
         for error in self.internal_errors:
             lines.append(f"FAKE SERVER ERROR: {error!r}")
+        for draft in self.drafts[-10:]:
+            lines.append(
+                f"  draft {draft.draft_id} in chat {draft.chat_id}: {_short(draft.text, 100)}"
+            )
         for chat_id, messages in self._messages.items():
             lines.append(f"chat {chat_id}:")
             for m in messages:
@@ -1696,6 +1771,7 @@ class FakeTelegram:
 
     def _bot_message(self, chat_id: int, params: JSONDict, **fields: Any) -> FakeMessage:
         thread_id, reply_to = self._placement(chat_id, params)
+        self._shown_drafts.pop(chat_id, None)  # the client replaces the draft by the message
         return self._new_message(
             chat_id,
             thread_id=thread_id,
@@ -1791,16 +1867,29 @@ class FakeTelegram:
         if self.flood and remaining > 0:
             raise self._too_many(chat_id, method, remaining)
 
-    def _count(self, chat_id: int, method: str, kind: str, interval: float) -> None:
-        if not self.flood or interval <= 0:
+    def _count(
+        self, chat_id: int, method: str, kind: str | None = None, interval: float = 0.0
+    ) -> None:
+        """Count an accepted-so-far request in its kind's stream (none when ``kind`` is
+        None or ``interval`` is 0) and in the chat's :data:`CHAT_STREAM` (when
+        ``chat_interval`` is on); 429 and a hold when either overflows, counting in neither."""
+        if not self.flood:
             return
-        state = self._flood_state.setdefault((chat_id, kind), _Flood())
+        streams = ((kind, interval), (CHAT_STREAM, self.chat_interval))
         now = time.monotonic()
-        if state.hit(now, interval) > self.burst:
-            state.streak = 0
-            self._hold_until[chat_id] = now + self.retry_after
-            raise self._too_many(chat_id, method, self.retry_after)
-        state.last = now
+        accepted: list[tuple[_Flood, int]] = []
+        for name, every in streams:
+            if name is None or every <= 0:
+                continue
+            state = self._flood_state.setdefault((chat_id, name), _Flood())
+            streak = state.next_streak(now, every)
+            if streak > self.burst:
+                state.streak = 0
+                self._hold_until[chat_id] = now + self.retry_after
+                raise self._too_many(chat_id, method, self.retry_after)
+            accepted.append((state, streak))
+        for state, streak in accepted:
+            state.streak, state.last = streak, now
 
     def _editable(self, params: JSONDict, method: str) -> FakeMessage:
         if params.get("inline_message_id"):
@@ -2274,6 +2363,41 @@ class FakeTelegram:
             emoji = str(item.get("emoji", "")).replace("\ufe0f", "")
             if item["type"] == "emoji" and emoji not in REACTION_EMOJI:
                 raise bad_request("REACTION_INVALID")
+        if self.chat_interval > 0:
+            self._check_hold(chat_id, "setMessageReaction")
+            self._count(chat_id, "setMessageReaction")
         message.reactions = list(reaction)
         self.reactions.append((chat_id, message.message_id, list(reaction)))
+        return True
+
+    async def _send_message_draft(self, params: JSONDict) -> bool:
+        if self.refuse_drafts:
+            raise bad_request(DRAFTS_UNAVAILABLE)
+        chat_id = self._chat_id(params)
+        if self._chats[chat_id]["type"] != "private":
+            raise bad_request(DRAFT_PEER_INVALID)
+        self._check_hold(chat_id, "sendMessageDraft")
+        draft_id = _require_int(params, "draft_id")
+        if draft_id == 0:
+            raise bad_request("draft_id must be non-zero")
+        raw = params.get("text")
+        visible, entities = parse_text(
+            "" if raw is None else str(raw), params.get("parse_mode"), params.get("entities")
+        )
+        if len(visible) > MAX_TEXT:
+            raise bad_request("text is too long")
+        thread_id = params.get("message_thread_id")
+        if thread_id is not None and not isinstance(thread_id, int):
+            raise bad_request("message thread not found")
+        self._count(chat_id, "sendMessageDraft")
+        draft = Draft(
+            chat_id,
+            draft_id,
+            visible or DRAFT_PLACEHOLDER,
+            time.monotonic(),
+            thread_id,
+            tuple(entities),
+        )
+        self.drafts.append(draft)
+        self._shown_drafts[chat_id] = draft
         return True

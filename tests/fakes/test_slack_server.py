@@ -8,7 +8,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -585,3 +585,270 @@ async def test_oauth_scopes_header(fake: FakeSlackServer) -> None:
     opened = await client.apps_connections_open(app_token="xapp-test")
     assert opened.headers["x-oauth-scopes"] == "connections:write"
     assert FakeSlackServer(scopes=["chat:write"]).scopes == {"chat:write"}
+
+
+# ---------------------------------------------------------------------- streaming
+
+
+async def api_error(call: Awaitable[Any]) -> str:
+    """The Slack error code a Web API call fails with."""
+    with pytest.raises(SlackApiError) as e:
+        await call
+    return str(e.value.response["error"])
+
+
+async def test_chat_stream_helper_end_to_end(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    root = fake.message_event("C1", "U1", "question?", channel_type="channel")["ts"]
+    streamer = await client.chat_stream(
+        channel="C1",
+        thread_ts=root,
+        recipient_team_id="T1",
+        recipient_user_id="U1",
+        buffer_size=5,
+    )
+    assert await streamer.append(markdown_text="Hi") is None  # buffered, nothing sent
+    assert not fake.calls_to("chat.startStream")
+    started = await streamer.append(markdown_text=" there")  # buffer full: the stream starts
+    assert started is not None and started["ts"] == streamer.ts and started["channel"] == "C1"
+    assert fake.bot_texts("C1", root) == ["Hi there"]
+    await streamer.append(markdown_text=", **world**")
+    await streamer.append(markdown_text="!")  # buffered until the stop
+    feedback = {"type": "section", "text": {"type": "mrkdwn", "text": "Helpful?"}}
+    stopped = await streamer.stop(markdown_text=" Done.", blocks=[feedback])
+    assert stopped["message"]["text"] == "Hi there, **world**! Done."
+
+    start = fake.calls_to("chat.startStream")[0].params  # what slack-sdk sends, as JSON
+    assert start["chunks"] == [{"type": "markdown_text", "text": "Hi there"}]
+    assert (start["recipient_team_id"], start["recipient_user_id"]) == ("T1", "U1")
+    assert fake.calls_to("chat.stopStream")[0].params["chunks"] == [
+        {"type": "markdown_text", "text": "! Done."}
+    ]
+    [msg] = fake.streams("C1", root)
+    assert msg.thread_ts == root and msg.bot and msg.is_reply
+    assert msg.appends == [", **world**"]
+    assert msg.stream is not None and msg.stream.state == "stopped"
+    assert msg.stream.mode == "chunks" and msg.stream.final_text == "! Done."
+    assert fake.bot_texts("C1", root) == ["Hi there, **world**! Done.\nHelpful?"]
+    assert len(fake.calls_to("chat.appendStream")) == 1
+
+    ts = str(streamer.ts)
+    more = client.chat_appendStream(channel="C1", ts=ts, markdown_text="more")
+    assert await api_error(more) == "message_not_in_streaming_state"
+    assert await api_error(client.chat_stopStream(channel="C1", ts=ts)) == (
+        "message_not_in_streaming_state"
+    )
+    # An ordinary message now (chat.update keeps blocks it is not given, as Slack does).
+    await client.chat_update(channel="C1", ts=ts, text="rewritten", blocks=[])
+    assert fake.bot_texts("C1", root) == ["rewritten"] and msg.edits == ["rewritten"]
+
+
+async def test_stream_recipients_and_content_rules(fake: FakeSlackServer) -> None:
+    fake.rate_limit = False
+    client = web_client(fake)
+    root = fake.message_event("C1", "U1", "q", channel_type="channel")["ts"]
+
+    def start(**params: Any) -> Awaitable[Any]:
+        return client.api_call("chat.startStream", json=params)
+
+    assert await api_error(start(channel="C1", thread_ts=root)) == "missing_recipient_team_id"
+    assert await api_error(start(channel="C1", thread_ts=root, recipient_team_id="T1")) == (
+        "missing_recipient_user_id"
+    )
+    nobody = start(channel="C1", thread_ts=root, recipient_team_id="T1", recipient_user_id="U9")
+    assert await api_error(nobody) == "user_not_found"
+    assert await api_error(start(channel="D1", markdown_text="x")) == "invalid_arguments"
+    # In a DM the recipient is implied.
+    dm_root = fake.message_event("D1", "U1", "hi")["ts"]
+    dm = await client.chat_startStream(channel="D1", thread_ts=dm_root, markdown_text="A")
+    chunk = {"type": "markdown_text", "text": "x"}
+    both = start(channel="D1", thread_ts=dm_root, markdown_text="x", chunks=[chunk])
+    assert await api_error(both) == "cannot_provide_both_markdown_text_and_chunks"
+    long_md = start(channel="D1", thread_ts=dm_root, markdown_text="m" * 12_001)
+    assert await api_error(long_md) == "invalid_arguments"
+    bad_chunk = start(channel="D1", thread_ts=dm_root, chunks=[{"type": "shout", "text": "x"}])
+    assert await api_error(bad_chunk) == "invalid_chunks"
+    task = {"type": "task_update", "id": "1", "title": "t", "status": "maybe"}
+    assert await api_error(start(channel="D1", thread_ts=dm_root, chunks=[task])) == (
+        "invalid_chunks"
+    )
+    # Form-encoded, chunks come as a JSON string.
+    form = await client.api_call(
+        "chat.startStream",
+        params={"channel": "D1", "thread_ts": dm_root, "chunks": json.dumps([chunk])},
+    )
+    assert fake.message("D1", form["ts"]).text == "x"  # type: ignore[union-attr]
+
+    ts = dm["ts"]
+    assert await api_error(client.chat_update(channel="D1", ts=ts, text="no")) == (
+        "cant_update_message"
+    )
+    assert await api_error(client.chat_appendStream(channel="D1", ts=ts)) == (
+        "markdown_text_or_chunks_required"
+    )
+    mixed = client.chat_appendStream(channel="D1", ts=ts, chunks=[chunk])
+    assert await api_error(mixed) == "streaming_mode_mismatch"  # it started with markdown_text
+    plain = await client.chat_postMessage(channel="D1", text="plain")
+    not_stream = client.chat_appendStream(channel="D1", ts=plain["ts"], markdown_text="x")
+    assert await api_error(not_stream) == "message_not_in_streaming_state"
+    users = client.chat_appendStream(channel="D1", ts=dm_root, markdown_text="x")
+    assert await api_error(users) == "message_not_owned_by_app"
+    missing = client.chat_appendStream(channel="D1", ts="1.000000", markdown_text="x")
+    assert await api_error(missing) == "message_not_found"
+
+    for _ in range(3):  # 1 + 3 * 12,000 characters would pass 40,000
+        await client.chat_appendStream(channel="D1", ts=ts, markdown_text="m" * 12_000)
+    over = client.chat_appendStream(channel="D1", ts=ts, markdown_text="m" * 12_000)
+    assert await api_error(over) == "msg_too_long"
+    bad_blocks = client.chat_stopStream(channel="D1", ts=ts, blocks=[{"type": "section"}])
+    assert await api_error(bad_blocks) == "invalid_blocks"
+    bad_meta = client.chat_stopStream(channel="D1", ts=ts, metadata={"event_payload": {}})
+    assert await api_error(bad_meta) == "invalid_metadata_format"
+    meta = {"event_type": "turn", "event_payload": {"id": "7"}}
+    await client.chat_stopStream(channel="D1", ts=ts, markdown_text="!", metadata=meta)
+    msg = fake.message("D1", ts)
+    assert msg is not None and msg.stream is not None and msg.stream.metadata == meta
+    assert len(msg.text) == 1 + 36_000 + 1 and len(msg.appends) == 3
+
+
+async def test_stream_rate_limits_timeout_and_user_stop() -> None:
+    async with FakeSlackServer(stream_timeout=0.3, append_interval=0.1) as fake:
+        client = web_client(fake)
+        root = fake.message_event("D1", "U1", "hi")["ts"]
+        ts = (await client.chat_startStream(channel="D1", thread_ts=root, markdown_text="0"))["ts"]
+        for i in range(3):  # the burst
+            await client.chat_appendStream(channel="D1", ts=ts, markdown_text=str(i))
+        with pytest.raises(SlackApiError) as err:
+            await client.chat_appendStream(channel="D1", ts=ts, markdown_text="too fast")
+        assert err.value.response.status_code == 429
+        assert err.value.response.headers["Retry-After"] == "1"
+        await asyncio.sleep(0.12)  # one token back
+        await client.chat_appendStream(channel="D1", ts=ts, markdown_text="3")
+        assert fake.rate_limited == [("D1", "chat.appendStream")]
+        await asyncio.sleep(0.3)  # past stream_timeout: the fake stopped it
+        late = client.chat_appendStream(channel="D1", ts=ts, markdown_text="late")
+        assert await api_error(late) == "message_not_in_streaming_state"
+        [msg] = fake.streams("D1")
+        assert msg.stream is not None and msg.stream.state == "timed_out"
+        assert msg.text == "00123" and msg.appends == ["0", "1", "2", "3"]
+        await client.chat_update(channel="D1", ts=ts, text="final")
+
+        # chat.startStream has chat.postMessage's limit, in its own bucket.
+        for _ in range(3):
+            await client.chat_postMessage(channel="D2", text="p")
+        started = [
+            await client.chat_startStream(channel="D2", thread_ts=root, markdown_text="s")
+            for _ in range(3)
+        ]
+        with pytest.raises(SlackApiError) as start_err:
+            await client.chat_startStream(channel="D2", thread_ts=root, markdown_text="s")
+        assert start_err.value.response.status_code == 429
+        assert fake.rate_limited[-1] == ("D2", "chat.startStream")
+
+        fake.stop_stream_by_user("D2", started[0]["ts"])
+        stopped = client.chat_appendStream(channel="D2", ts=started[0]["ts"], markdown_text="x")
+        assert await api_error(stopped) == "stopped_by_user"
+        final = client.chat_stopStream(channel="D2", ts=started[0]["ts"])
+        assert await api_error(final) == "message_not_in_streaming_state"
+        assert fake.streams("D2")[0].stream.state == "stopped_by_user"  # type: ignore[union-attr]
+
+
+async def test_refused_streams_leave_post_and_update(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    root = fake.message_event("D1", "U1", "hi")["ts"]
+    fake.refuse_streams = True
+    refused = client.chat_startStream(channel="D1", thread_ts=root, markdown_text="x")
+    assert await api_error(refused) == "channel_type_not_supported"
+    streamer = await client.chat_stream(channel="D1", thread_ts=root)
+    await streamer.append(markdown_text="short")  # buffered
+    assert await api_error(streamer.stop()) == "channel_type_not_supported"
+    fake.refuse_streams = "not_allowed"
+    assert await api_error(client.chat_startStream(channel="D1", thread_ts=root)) == "not_allowed"
+    # The fallback: post, then update.
+    posted = await client.chat_postMessage(channel="D1", thread_ts=root, text="partial")
+    await client.chat_update(channel="D1", ts=posted["ts"], text="partial and more")
+    assert fake.bot_texts("D1", root) == ["partial and more"] and not fake.streams("D1")
+
+
+# ---------------------------------------------------------------------- assistant threads
+
+
+async def test_assistant_methods_need_the_scope_and_the_surface(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    root = fake.message_event("D1", "U1", "hi")["ts"]
+    assert "assistant:write" not in DEFAULT_SCOPES and "assistant:write" not in fake.scopes
+    with pytest.raises(SlackApiError) as err:
+        await client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="...")
+    assert err.value.response["error"] == "missing_scope"
+    assert err.value.response["needed"] == "assistant:write"
+    assert err.value.response.headers["x-accepted-oauth-scopes"] == "assistant:write"
+    prompts = [{"title": "Summarise", "message": "Summarise this thread"}]
+    no_scope = client.assistant_threads_setSuggestedPrompts(channel_id="D1", prompts=prompts)
+    assert await api_error(no_scope) == "missing_scope"
+    fake.scopes.add("assistant:write")  # the scope, but no assistant surface
+    no_surface = client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="x")
+    assert await api_error(no_surface) == "not_agent_app"
+    no_surface = client.assistant_threads_setSuggestedPrompts(channel_id="D1", prompts=prompts)
+    assert await api_error(no_surface) == "not_agent_app"
+    assert fake.statuses == [] and fake.suggested_prompts == []
+
+
+async def test_assistant_status_and_suggested_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with FakeSlackServer(assistant=True) as fake:
+        assert "assistant:write" in fake.scopes
+        client = web_client(fake)
+        root = fake.message_event("D1", "U1", "hi")["ts"]
+        await client.assistant_threads_setStatus(
+            channel_id="D1", thread_ts=root, status="is thinking...", loading_messages=["Hmm"]
+        )
+        assert fake.status_of("D1", root) == "is thinking..."
+        await client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="")
+        assert fake.status_of("D1", root) is None
+        await client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="again")
+        await client.chat_postMessage(channel="D1", thread_ts=root, text="the answer")
+        assert fake.status_of("D1", root) is None  # the reply replaces the status
+        await client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="late")
+        now = time.monotonic()
+        with monkeypatch.context() as later:
+            later.setattr(time, "monotonic", lambda: now + 120)
+            assert fake.status_of("D1", root) is None  # two minutes without a message
+        assert fake.statuses == [
+            ("D1", root, "is thinking..."),
+            ("D1", root, ""),
+            ("D1", root, "again"),
+            ("D1", root, "late"),
+        ]
+
+        def status(**params: Any) -> Awaitable[Any]:
+            return client.api_call("assistant.threads.setStatus", json=params)
+
+        assert await api_error(status(channel_id="D1", thread_ts=root)) == "invalid_arguments"
+        assert await api_error(status(channel_id="D1", status="x")) == "invalid_arguments"
+        assert await api_error(status(channel_id="D1", thread_ts="nope", status="x")) == (
+            "invalid_thread_ts"
+        )
+        assert await api_error(status(thread_ts=root, status="x")) == "channel_not_found"
+        eleven = status(channel_id="D1", thread_ts=root, status="x", loading_messages=["m"] * 11)
+        assert await api_error(eleven) == "invalid_arguments"
+
+        four = [{"title": f"t{i}", "message": f"m{i}"} for i in range(4)]
+        await client.assistant_threads_setSuggestedPrompts(
+            channel_id="D1", thread_ts=root, title="Try", prompts=four
+        )
+        await client.assistant_threads_setSuggestedPrompts(channel_id="D1", prompts=four[:1])
+        assert fake.suggested_prompts == [
+            {"channel": "D1", "thread_ts": root, "title": "Try", "prompts": four},
+            {"channel": "D1", "thread_ts": None, "title": None, "prompts": four[:1]},
+        ]
+        for bad in ([], [*four, four[0]], [{"title": "no message"}], "not a list"):
+            call = client.api_call(
+                "assistant.threads.setSuggestedPrompts", json={"channel_id": "D1", "prompts": bad}
+            )
+            assert await api_error(call) == "invalid_arguments"
+        bad_ts = client.assistant_threads_setSuggestedPrompts(
+            channel_id="D1", thread_ts="x", prompts=four
+        )
+        assert await api_error(bad_ts) == "invalid_thread_ts"
+        fake.scopes.discard("assistant:write")
+        dropped = client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="x")
+        assert await api_error(dropped) == "missing_scope"

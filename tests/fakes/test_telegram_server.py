@@ -45,6 +45,8 @@ from telegram.ext import (
 )
 
 from tests.fakes.telegram_server import (
+    DRAFT_PLACEHOLDER,
+    DRAFT_TTL,
     MAX_DOWNLOAD,
     MAX_PHOTO,
     MAX_REQUEST,
@@ -470,6 +472,125 @@ async def test_flood_can_be_switched_off() -> None:
                 await bot.edit_message_text(str(i), CHAT, sent.message_id)
         assert tg.rate_limited == []
         assert tg.max_edit_rate(CHAT) == 7
+
+
+# --------------------------------------------------------------------------- message drafts
+
+
+async def test_message_draft_is_shown_updated_and_replaced(
+    tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        assert await bot.send_message_draft(CHAT, 7, "Hel") is True
+        assert tg.draft_of(CHAT) == "Hel"
+        await bot.send_message_draft(CHAT, 7, "Hello <b>world</b>", parse_mode=ParseMode.HTML)
+        assert tg.draft_of(CHAT) == "Hello world"
+        await bot.send_message_draft(CHAT, 8)  # no text: the "Thinking…" placeholder
+        assert tg.draft_of(CHAT) == DRAFT_PLACEHOLDER
+        await bot.send_message_draft(CHAT, 8, "x" * 4096, message_thread_id=5)
+        assert tg.draft_of(CHAT) == "x" * 4096
+        await bot.send_message(CHAT, "Hello world")  # the real message replaces the draft
+        assert tg.draft_of(CHAT) is None
+        await bot.send_message_draft(CHAT, 9, "next")
+    assert [(d.chat_id, d.draft_id, d.text) for d in tg.drafts_in(CHAT)][:3] == [
+        (CHAT, 7, "Hel"),
+        (CHAT, 7, "Hello world"),
+        (CHAT, 8, DRAFT_PLACEHOLDER),
+    ]
+    assert tg.drafts[1].entities == ({"type": "bold", "offset": 6, "length": 5},)
+    assert tg.drafts[2].placeholder and not tg.drafts[1].placeholder
+    assert tg.drafts[3].thread_id == 5
+    assert tg.calls_to("sendMessageDraft")[0].params["draft_id"] == 7  # decoded from the form
+    assert tg.bot_texts(CHAT) == ["Hello world"]  # drafts are not messages
+    assert tg.draft_of(CHAT) == "next" and tg.draft_of(12345) is None
+    now = time.monotonic()
+    with monkeypatch.context() as later:
+        later.setattr(time, "monotonic", lambda: now + DRAFT_TTL)
+        assert tg.draft_of(CHAT) is None  # 30 s without an update: gone
+
+
+async def test_message_draft_refusals(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    tg.add_chat(GROUP, "supergroup", is_forum=True)
+    async with make_bot(tg) as bot:
+        with pytest.raises(BadRequest, match="(?i)textdraft_peer_invalid"):
+            await bot.send_message_draft(GROUP, 1, "groups take no drafts")
+        with pytest.raises(BadRequest, match="(?i)draft_id must be non-zero"):
+            await bot.send_message_draft(CHAT, 0, "zero")
+        with pytest.raises(BadRequest, match="(?i)text is too long"):
+            await bot.send_message_draft(CHAT, 1, "x" * 4097)
+        with pytest.raises(BadRequest, match="(?i)text is too long"):
+            await bot.send_message_draft(CHAT, 1, "<i>" + "x" * 4097 + "</i>", parse_mode="HTML")
+        with pytest.raises(BadRequest, match="Can't parse entities"):
+            await bot.send_message_draft(CHAT, 1, "fish & chips", parse_mode=ParseMode.HTML)
+        with pytest.raises(BadRequest, match="Chat not found"):
+            await bot.send_message_draft(12345, 1, "nobody here")
+        tg.refuse_drafts = True
+        with pytest.raises(BadRequest, match="(?i)method is not available"):
+            await bot.send_message_draft(CHAT, 1, "refused")
+        tg.refuse_drafts = False
+        assert await bot.send_message_draft(CHAT, 1, "fine again")
+    assert [d.text for d in tg.drafts] == ["fine again"]
+    refused = tg.calls_to("sendMessageDraft")[-2]
+    assert (refused.status, refused.description) == (400, "Bad Request: method is not available")
+    assert tg.calls_to("sendMessageDraft")[0].description == "Bad Request: TEXTDRAFT_PEER_INVALID"
+
+
+async def quick_calls_in_one_chat(bot: Bot) -> None:
+    """send, edit, draft, reaction, send: five calls to CHAT in quick succession."""
+    sent = await bot.send_message(CHAT, "0")
+    await bot.edit_message_text("1", CHAT, sent.message_id)
+    await bot.send_message_draft(CHAT, 1, "drafting")
+    await bot.set_message_reaction(CHAT, sent.message_id, ReactionTypeEmoji("👀"))
+    await bot.send_message(CHAT, "5")
+
+
+async def test_chat_interval_counts_every_call_to_a_chat() -> None:
+    async with FakeTelegram(chat_interval=1.0, burst=3, retry_after=1) as tg:
+        tg.add_chat(CHAT)
+        tg.add_chat(USER + 1)
+        async with make_bot(tg) as bot:
+            with pytest.raises(RetryAfter) as caught:  # 1 first call + 3 quick ones pass
+                await quick_calls_in_one_chat(bot)
+            assert caught.value.retry_after == 1
+            with pytest.raises(RetryAfter):  # the hold covers drafts and reactions too
+                await bot.send_message_draft(CHAT, 1, "held")
+            with pytest.raises(RetryAfter):
+                await bot.set_message_reaction(CHAT, 1, ReactionTypeEmoji("👍"))
+            assert await bot.send_chat_action(CHAT, "typing")  # not counted, not held
+            await bot.send_message(USER + 1, "another chat has its own stream")
+            await asyncio.sleep(1.05)
+            await bot.send_message(CHAT, "after the hold")
+        assert tg.rate_limited == [
+            (CHAT, "sendMessage"),
+            (CHAT, "sendMessageDraft"),
+            (CHAT, "setMessageReaction"),
+        ]
+        assert tg.bot_texts(CHAT) == ["1", "after the hold"]
+    async with FakeTelegram(burst=3) as tg:  # chat_interval off: the same calls all pass
+        tg.add_chat(CHAT)
+        async with make_bot(tg) as bot:
+            await quick_calls_in_one_chat(bot)
+        assert tg.rate_limited == []
+
+
+async def test_chat_interval_spaced_calls_never_hit_flood_control() -> None:
+    async with FakeTelegram(chat_interval=0.2, edit_interval=0.2, burst=0) as tg:
+        tg.add_chat(CHAT)
+        async with make_bot(tg) as bot:
+            sent = await bot.send_message(CHAT, "0")
+            for i in range(1, 6):
+                await asyncio.sleep(0.25)
+                if i % 3 == 1:
+                    await bot.edit_message_text(str(i), CHAT, sent.message_id)
+                elif i % 3 == 2:
+                    await bot.send_message_draft(CHAT, 1, f"draft {i}")
+                else:
+                    await bot.send_message(CHAT, str(i))
+            with pytest.raises(RetryAfter):  # burst 0: any quick call is one too many
+                await bot.send_message_draft(CHAT, 1, "too soon")
+        assert tg.rate_limited == [(CHAT, "sendMessageDraft")]
 
 
 async def test_document_action_commands_reaction(tg: FakeTelegram) -> None:
