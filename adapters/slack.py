@@ -290,7 +290,7 @@ class SlackAdapter:
         self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
         self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
         self._card_at: OrderedDict[tuple[str, str], str] = OrderedDict()
-        """(channel, ts) of the cards posted here, decided or not: their approvals."""
+        """(channel, ts) of decided cards: their approvals (a press on one is told so)."""
         self._paused: dict[ConvKey, tuple[Live | SlackStream, str]] = {}
         """A turn waiting for approval: its placeholder (saying so) and its text."""
         self._askers: OrderedDict[ConvKey, str] = OrderedDict()
@@ -640,8 +640,9 @@ class SlackAdapter:
                 await self._submit(conv, Command(conv, who, name, item_id, ref=ref), who)
 
     def _card_press(self, channel: str, ts: str, action_id: str) -> ButtonData | None:
-        """A press without usable data on one of Tandem's cards (a client showing a card
-        as it was): the card's approval, so the core answers it ("Already decided…")."""
+        """A press without usable data on a decided card (a client showing the card as it
+        was): the card's approval, so the core answers it ("Already decided…"). On a card
+        still pending such a press is forged, and counts for nothing."""
         verdict = next((v for v, a in render.VERDICT_ACTIONS.items() if a == action_id), None)
         approval_id = self._card_at.get((channel, ts))
         if verdict is None or approval_id is None:
@@ -905,7 +906,6 @@ class SlackAdapter:
         resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])
         where = (str(resp["channel"]), str(resp["ts"]), card.blocks)
         _remember(self._cards, event.approval_id, where)
-        _remember(self._card_at, where[:2], event.approval_id)
         await self.hub.remember_card(event.approval_id, {
             "channel": where[0], "ts": where[1], "blocks": where[2]})
 

@@ -53,9 +53,11 @@ _TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)([^\n]+?)(?<!`)\1(?!`)")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\([ \t]*<?((?:[^()\s<>]|\([^()\s<>]*\))+)>?"
                    r"(?:[ \t]+\"[^\"\n]*\")?[ \t]*\)")
-_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
-"""A backslash-escaped punctuation character (`\*`): shown as itself, never markup."""
-_AUTOLINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|]+)>", re.I)
+_ESCAPED = re.compile(r"\\(?:([!-)+-/:-@\[\\\]^{|}])|([*_~`])(?=\s|$))", re.M)
+"""A backslash-escaped punctuation character (`\\#`, `\\[`): shown as itself, never
+markup. Slack has no escapes: `*`, `_`, `~` and a backtick are only unescaped where they
+cannot start formatting (before a space), elsewhere they keep their backslash."""
+_AUTOLINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|\x01\x02]+)>", re.I)
 _LINK_TARGET = re.compile(r"(?:https?://|mailto:)\S", re.I)
 """What a Markdown link may point at. Anything else (`!here`, `@U…`, `#C…`, `slack://`)
 would be a mention or a command to Slack, so it stays text."""
@@ -112,7 +114,7 @@ def to_mrkdwn(markdown: str) -> str:
     while i < len(lines):
         inner, quoted = _unquote(lines[i])
         fence = _FENCE.match(inner)
-        table = 0 if fence else _table_end(lines, i, quoted)
+        table = _table_end(lines, i, quoted) if "|" in inner and not fence else 0
         if not fence and not table:
             prose.append(f"> {inner}" if quoted else inner)
             i += 1
@@ -140,10 +142,10 @@ def to_mrkdwn(markdown: str) -> str:
 def _unquote(line: str) -> tuple[str, bool]:
     """A line without its `>` markers (Slack has one level of quote), and whether it had
     any."""
-    inner = line
+    inner, quoted = line, False
     while (match := _QUOTE_MARK.match(inner)) is not None:
-        inner = inner[match.end():]
-    return inner, inner is not line
+        inner, quoted = inner[match.end():], True
+    return inner, quoted
 
 
 def _code_block(lines: list[str], i: int, fence: re.Match[str],
@@ -259,6 +261,8 @@ def _aligned_table(rows: list[str]) -> str | None:
 
 def _width(text: str) -> int:
     """Columns `text` takes in a monospace font (wide characters and most emoji two)."""
+    if text.isascii():
+        return len(text)
     return sum(0 if unicodedata.combining(ch) or ch in "\u200d\ufe0f" else
                2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
@@ -286,7 +290,7 @@ def _inline(text: str) -> str:
         return keep(f"<{url}>")
 
     text = _CODE_SPAN.sub(lambda m: keep(_code_span(m)), text)
-    text = _ESCAPED.sub(lambda m: keep(escape(m.group(1))), text)
+    text = _ESCAPED.sub(lambda m: keep(escape(m.group(1) or m.group(2))), text)
     text = _LINK.sub(lambda m: keep(link) if (link := _link(m)) else m.group(0), text)
     text = _AUTOLINK.sub(autolink, text)
     text = _QUOTE.sub(r"\1>", escape(text))
@@ -334,10 +338,34 @@ def actions(elements: Sequence[Block]) -> list[Block]:
 
 def sections(markdown: str) -> list[Block]:
     """A Markdown text as section blocks, each within Slack's 3,000 characters."""
-    rendered = to_mrkdwn(markdown if markdown.strip() else "…")
-    if len(rendered) <= SECTION_CHARS:
-        return [section(rendered)]
-    return [section(part) for part in split_text(rendered, SECTION_CHARS)]
+    return [section(part) for part in _parts(markdown if markdown.strip() else "…",
+                                             SECTION_CHARS)]
+
+
+def _parts(markdown: str, limit: int) -> list[str]:
+    """mrkdwn parts of at most `SECTION_CHARS`: the Markdown is split (between paragraphs,
+    never inside code) and each part rendered; a part that grows past the limit (escaping
+    makes `&` five characters) is split smaller, and only a short one that still does has
+    its mrkdwn cut (never inside an entity like `&amp;`)."""
+    out: list[str] = []
+    for part in split_text(markdown, limit) if len(markdown) > limit else [markdown]:
+        rendered = to_mrkdwn(part)
+        if len(rendered) <= SECTION_CHARS:
+            out.append(rendered)
+        elif limit > 400:
+            out += _parts(part, max(16, limit * SECTION_CHARS // len(rendered) * 9 // 10))
+        else:
+            out += _cut(rendered)
+    return out
+
+
+def _cut(mrkdwn: str) -> list[str]:
+    parts = split_text(mrkdwn, SECTION_CHARS)
+    for i in range(len(parts) - 1):
+        broken = re.search(r"&[a-z]{0,3}$", parts[i])
+        if broken:  # an entity cut in two: all of it goes to the next part
+            parts[i], parts[i + 1] = parts[i][:broken.start()], broken.group(0) + parts[i + 1]
+    return [part for part in parts if part]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,33 +2,58 @@
 in what users write.
 
 `to_html` turns the Markdown a model writes into the HTML subset Telegram accepts:
-**bold**, *italic*, ~~strike~~, `code`, fenced code (`<pre><code class="language-x">`),
-[links](https://…) (to `http(s)` and `mailto` only), `#` headings (bold) and `-`/`*`
-bullets (•). Everything else is text with only `& < >` escaped (the model's own HTML
-included, so it never makes a tag), and tags always nest properly, so any input gives
-HTML Telegram parses. Unclosed markers stay literal; an unclosed code fence (a streaming
-answer) runs to the end. The visible text is never longer than the Markdown.
+**bold**, *italic*, ~~strike~~, ||spoilers||, `code`, fenced code (`<pre><code
+class="language-x">`; ``` or ~~~ fences of any length, indented under a list item or
+inside a quote), [links](https://…) (to `http(s)` and `mailto` only, parentheses in the
+address allowed) and `<https://…>`, `#` headings (bold), `-`/`*` bullets (•, nested ◦,
+task boxes ☐ ☑), `>` quotes (`<blockquote>`), rules (───) and tables (narrow ones
+aligned in `<pre>`, others a line per row, header bold). Everything else is text
+with only `& < >` escaped (the model's own HTML included, so it never makes a tag), and
+tags always nest properly, so any input gives HTML Telegram parses. Markers only count at
+word edges: `snake_case`, `__init__`, `2*3*4`, `*.py` and `a || b` stay as typed.
+Unclosed markers stay literal; an unclosed code fence (a streaming answer) runs to the
+end. The visible text is never longer than the Markdown (only aligning a table may pad
+it, and then never past 4,096 characters), so a part `split_text` cut to Telegram's limit
+fits once rendered.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import unicodedata
 
-_FENCE_OPEN = re.compile(r"^ {0,3}```\s*([^`\s]*)\s*$")
-_FENCE_CLOSE = re.compile(r"^ {0,3}```\s*$")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
+_FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
+_QUOTE = re.compile(r"^ {0,3}>[ \t]?")
 _LANGUAGE = re.compile(r"[\w+#.-]{1,32}")
-_HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
-_TOKEN = re.compile(r"\\[!-/:-@\[-`{-~]|`+|\*\*|__|~~|\*|_|\[")
-_LINK = re.compile(r"\[([^\]\n]+)\]\(([^()\s]+)\)")
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+_RULE = re.compile(r"^ {0,3}(?:([-_])(?:[ \t]*\1){2,}|\*\*\*|\*(?:[ \t]+\*){2,})[ \t]*$")
+"""A thematic break: `---`, `___`, `***`, `* * *` (a longer run of stars stays text)."""
+_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+(?:\[([ xX])\][ \t]+)?(.*)$")
+_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \t]*)?$"
+                         r"|^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$")
+_TOKEN = re.compile(r"\\[!-/:-@\[-`{-~]|`+|\*{1,3}|__|_|~~|\|\||!?\[|<(?:https?://|mailto:)[^\s<>]+>",
+                    re.IGNORECASE)
+_LINK = re.compile(r"!?\[([^\]\n]+)\]\([ \t]*<?((?:[^()\s<>]|\([^()\s<>]*\))+)>?"
+                   r"(?:[ \t]+\"[^\"\n]*\")?[ \t]*\)")
 _SAFE_URL = re.compile(r"(?:https?://|mailto:)[^\s<>\"']+", re.IGNORECASE)
 """Only web and mail links: `tg://user?id=…` would mention (and ping) a user, and
 other schemes (`javascript:`, `data:`, `tg://resolve`…) stay text."""
+VISIBLE_LIMIT = 4096
+"""Telegram's limit on a message's visible text: padding a table may take a text up to
+it, never past it (nor past the Markdown's own length, when that is longer)."""
+TABLE_COLUMNS = 40
+"""The widest table shown aligned in a monospace block (about a phone's width)."""
+_DUNDER = re.compile(r"[A-Za-z0-9]\w*?__(?!\w)")
 _COMMAND = re.compile(r"/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]+))?(?:\s+|$)(.*)", re.DOTALL)
-_TAGS = {"**": "b", "__": "b", "*": "i", "_": "i", "~~": "s"}
-_WORDY = ("_", "__")
-"""Underscore markers do not open or close inside a word (snake_case stays text)."""
+_TAGS = {"**": "b", "__": "b", "*": "i", "_": "i", "~~": "s", "||": "tg-spoiler"}
+_NO_OPEN_BEFORE = ")]}"
+_NO_OPEN_AFTER = ".,;:/)]}|=>"
+_NO_CLOSE_BEFORE = "/([{|=<_\\"
+_NO_CLOSE_AFTER = "([{"
+"""Star markers next to these are arithmetic, globs or code-ish text (`(a)*(b)`, `*.py`,
+`src/**/x`, `test_*.py`), not emphasis."""
 
 
 def escape(text: str) -> str:
@@ -37,24 +62,85 @@ def escape(text: str) -> str:
 
 def to_html(markdown: str) -> str:
     """Telegram HTML for `markdown` (see the module docstring)."""
+    rendered, padded = _blocks(markdown, compact=False)
+    if padded and len(_visible(rendered).strip()) > max(len(markdown.strip()), VISIBLE_LIMIT):
+        return _blocks(markdown, compact=True)[0]  # aligned tables made it too long
+    return rendered
+
+
+def _blocks(markdown: str, *, compact: bool) -> tuple[str, bool]:
+    """The HTML, block by block, and whether a table in it was aligned (padded); a
+    `compact` table takes a line per row (never longer than its Markdown)."""
+    lines = markdown.split("\n")
     out: list[str] = []
-    code: list[str] | None = None
-    language = ""
-    for line in markdown.split("\n"):
-        if code is None:
-            opening = _FENCE_OPEN.match(line)
-            if opening:
-                code, language = [], opening.group(1)
-            else:
-                out.append(_line(line))
-        elif _FENCE_CLOSE.match(line):
-            out.append(_pre(code, language))
-            code = None
+    quote: list[str] = []
+    padded = False
+    i = 0
+    while i < len(lines):
+        inner, quoted = _unquote(lines[i])
+        fence = _FENCE.match(inner)
+        table = _table_end(lines, i, quoted) if "|" in inner and not fence else 0
+        if fence:
+            rendered, i = _code(lines, i + 1, fence, quoted)
+            quoted = False  # no <pre> inside a quote: Telegram does not nest them
+        elif table:
+            rendered = _table([_unquote(line)[0] for line in lines[i:table]],
+                              compact=compact or quoted)
+            padded = padded or rendered.startswith("<pre>")
+            i = table
         else:
-            code.append(line)
-    if code is not None:
-        out.append(_pre(code, language))
-    return "\n".join(out)
+            rendered = _line(inner)
+            i += 1
+        if quoted:
+            quote.append(rendered)
+            continue
+        if quote:
+            out.append(_blockquote(quote))
+            quote = []
+        out.append(rendered)
+    if quote:
+        out.append(_blockquote(quote))
+    return "\n".join(out), padded
+
+
+def _unquote(line: str) -> tuple[str, bool]:
+    """A line without its `>` markers (nested quotes are flattened), and whether it had
+    any."""
+    inner, quoted = line, False
+    while (match := _QUOTE.match(inner)) is not None:
+        inner, quoted = inner[match.end():], True
+    return inner, quoted
+
+
+def _blockquote(lines: list[str]) -> str:
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return f"<blockquote>{chr(10).join(lines)}</blockquote>"
+
+
+def _code(lines: list[str], i: int, fence: re.Match[str], quoted: bool) -> tuple[str, int]:
+    """The fenced block whose body starts at line `i`, and the line after its end."""
+    marker = fence.group("fence")
+    indent = len(fence.group("indent").expandtabs(4))
+    body: list[str] = []
+    while i < len(lines):
+        line = _unquote(lines[i])[0] if quoted else lines[i]
+        i += 1
+        close = _FENCE_CLOSE.match(line)
+        if close and close.group("fence")[0] == marker[0] \
+                and len(close.group("fence")) >= len(marker):
+            break
+        body.append(_outdent(line, indent))
+    words = fence.group("info").split()
+    return _pre(body, words[0] if words else ""), i
+
+
+def _outdent(line: str, indent: int) -> str:
+    """The line without up to `indent` columns of leading spaces (the fence's own)."""
+    strip = 0
+    while strip < len(line) and strip < indent and line[strip] == " ":
+        strip += 1
+    return line[strip:]
 
 
 def _pre(lines: list[str], language: str) -> str:
@@ -65,13 +151,125 @@ def _pre(lines: list[str], language: str) -> str:
 
 
 def _line(line: str) -> str:
+    if _RULE.match(line):
+        return "─" * min(len(line.strip()), 16)
     heading = _HEADING.match(line)
     if heading:
-        return f"<b>{_inline(heading.group(1))}</b>"
+        text = heading.group(1)
+        bold = re.fullmatch(r"\*\*(.+)\*\*", text)
+        return f"<b>{_inline(bold.group(1) if bold else text)}</b>" if text else ""
     bullet = _BULLET.match(line)
     if bullet:
-        return f"{bullet.group(1)}• {_inline(bullet.group(2))}"
+        indent, box, text = bullet.groups()
+        mark = "•" if len(indent.expandtabs(4)) < 2 else "◦"
+        check = {" ": "☐ ", "x": "☑ ", "X": "☑ "}.get(box or "", "")
+        return f"{indent}{mark} {check}{_inline(text)}"
     return _inline(line)
+
+
+# -- tables -----------------------------------------------------------------------------
+
+
+def _table_end(lines: list[str], i: int, quoted: bool) -> int:
+    """The end (exclusive) of the table whose header is line `i`, or 0 when none starts
+    there: a header row with `|`, a rule like `|---|:--:|`, then rows with `|`."""
+    if i + 1 >= len(lines):
+        return 0
+    header, rule = _unquote(lines[i]), _unquote(lines[i + 1])
+    if header[1] != quoted or rule[1] != quoted or "|" not in header[0] \
+            or "|" not in rule[0] or not _TABLE_RULE.match(rule[0]):
+        return 0
+    end = i + 2
+    while end < len(lines):
+        row, row_quoted = _unquote(lines[end])
+        if row_quoted != quoted or "|" not in row or not row.strip() or _FENCE.match(row):
+            break
+        end += 1
+    return end
+
+
+def _cells(row: str) -> list[str]:
+    """A table row's cells: split at `|` outside code spans; `\\|` is a pipe."""
+    text = row.strip()
+    cells: list[str] = []
+    cell: list[str] = []
+    code = False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and text[i + 1: i + 2] == "|":
+            cell.append("|")
+            i += 2
+            continue
+        if ch == "`":
+            code = not code
+        if ch == "|" and not code:
+            cells.append("".join(cell))
+            cell = []
+        else:
+            cell.append(ch)
+        i += 1
+    cells.append("".join(cell))
+    if cells and not cells[0].strip() and text.startswith("|"):
+        cells = cells[1:]
+    if cells and not cells[-1].strip() and text.endswith("|") and not text.endswith("\\|"):
+        cells = cells[:-1]
+    return [c.strip() for c in cells]
+
+
+def _table(lines: list[str], *, compact: bool) -> str:
+    """A table: aligned in a monospace block when it is narrow, has no links and is not
+    `compact` (inside a quote, where a block cannot go, or when padding would take the
+    text past its budget); otherwise one line per row, cells between ` | `, the header
+    bold (a wide block wraps on a phone and loses its alignment anyway)."""
+    rows = [_cells(line) for i, line in enumerate(lines) if i != 1]
+    aligns = [("r" if c.endswith(":") and not c.startswith(":") else
+               "c" if c.startswith(":") and c.endswith(":") else "l")
+              for c in _cells(lines[1])]
+    rendered = [[_inline(cell) for cell in row] for row in rows]
+    if not compact and not any("<a " in cell for row in rendered for cell in row):
+        texts = [[_visible(cell) for cell in row] for row in rendered]
+        block = _aligned(texts, aligns)
+        if max(_width(line) for line in block.split("\n")) <= TABLE_COLUMNS:
+            return f"<pre>{escape(block)}</pre>"
+    head, *body = rendered
+    return "\n".join([f"<b>{' | '.join(head)}</b>" if any(head) else "",
+                      *(" | ".join(row) for row in body)]).strip("\n")
+
+
+def _visible(rendered: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", rendered))
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes in a monospace font (wide East Asian characters and most
+    emoji take two; joiners and combining marks none)."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) or ch in "\u200d\ufe0f" else
+               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _aligned(rows: list[list[str]], aligns: list[str]) -> str:
+    count = max(len(row) for row in rows)
+    rows = [row + [""] * (count - len(row)) for row in rows]
+    aligns = (aligns + ["l"] * count)[:count]
+    widths = [max(_width(row[c]) for row in rows) for c in range(count)]
+
+    def cell(text: str, c: int) -> str:
+        pad = widths[c] - _width(text)
+        if aligns[c] == "r":
+            return " " * pad + text
+        if aligns[c] == "c":
+            return " " * (pad // 2) + text + " " * (pad - pad // 2)
+        return text + " " * pad
+
+    lines = [" | ".join(cell(text, c) for c, text in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- inline -----------------------------------------------------------------------------
 
 
 def _inline(text: str, *, links: bool = True) -> str:
@@ -90,12 +288,22 @@ def _inline(text: str, *, links: bool = True) -> str:
             out.append(escape(mark[1]))
         elif mark.startswith("`"):
             pos = _code_span(text, mark, pos, out)
-        elif mark == "[":
+        elif mark.endswith("["):
             pos = _link(text, start, out) if links else pos
             if pos == token.end():
-                out.append("[")
+                out.append(escape(mark))
+        elif mark.startswith("<"):
+            url = mark[1:-1]
+            out.append(f'<a href="{html.escape(url, quote=True)}">{escape(url)}</a>'
+                       if links and _SAFE_URL.fullmatch(url) else escape(mark))
+        elif mark == "__" and (dunder := _DUNDER.match(text, pos)) \
+                and (start == 0 or not text[start - 1].isalnum()):
+            out.append(escape(mark + dunder.group(0)))  # __init__, __pycache__
+            pos = dunder.end()
         else:
-            _emphasis(text, mark, start, pos, out, stack)
+            before = text[start - 1] if start else " "
+            after = text[pos] if pos < len(text) else " "
+            _emphasis(mark, before, after, out, stack)
     out.append(escape(text[pos:]))
     return "".join(out)
 
@@ -115,24 +323,54 @@ def _code_span(text: str, run: str, pos: int, out: list[str]) -> int:
 def _link(text: str, start: int, out: list[str]) -> int:
     match = _LINK.match(text, start)
     if match is None or not _SAFE_URL.fullmatch(match.group(2)):
-        return start + 1
+        return start + len("![" if text.startswith("!", start) else "[")
     label = _inline(match.group(1), links=False)
     out.append(f'<a href="{html.escape(match.group(2), quote=True)}">{label}</a>')
     return match.end()
 
 
-def _emphasis(text: str, mark: str, start: int, end: int, out: list[str],
-              stack: list[tuple[str, int]]) -> None:
-    before = text[start - 1] if start else " "
-    after = text[end] if end < len(text) else " "
+def _flanks(mark: str, before: str, after: str) -> tuple[bool, bool]:
+    """Whether a marker between `before` and `after` may open, and may close."""
     can_open = not after.isspace()
     can_close = not before.isspace()
-    if mark in _WORDY:
-        can_open = can_open and not before.isalnum()
-        can_close = can_close and not after.isalnum()
-    depth = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == mark), None)
-    index = stack[depth][1] if depth is not None else -1
-    if depth is not None and can_close and any(out[index + 1 :]):
+    if mark[0] == "_":  # never inside a word: snake_case
+        return can_open and not before.isalnum(), can_close and not after.isalnum()
+    if mark == "*":  # italics never inside a word (2*3*4) nor next to glob-ish text
+        can_open = can_open and not before.isalnum() and before not in _NO_OPEN_BEFORE \
+            and after not in _NO_OPEN_AFTER
+        can_close = can_close and not after.isalnum() and before not in _NO_CLOSE_BEFORE \
+            and after not in _NO_CLOSE_AFTER
+    elif mark[0] == "*":  # bold may touch a word, but not sit inside one (x**2)
+        inside = before.isalnum() and after.isalnum()
+        can_open = can_open and not inside and after not in _NO_OPEN_AFTER
+        can_close = can_close and not inside and before not in "/\\"
+    return can_open, can_close
+
+
+def _emphasis(mark: str, before: str, after: str, out: list[str],
+              stack: list[tuple[str, int]]) -> None:
+    can_open, can_close = _flanks(mark, before, after)
+    if mark == "***":  # bold and italic at once: close in the order they were opened
+        open_marks = [m for m, _ in stack if m in ("*", "**")]
+        if can_close and open_marks:
+            order = sorted(("*", "**"), key=lambda m: -_depth(stack, m))
+        else:
+            order = ["**", "*"]
+        for part in order:
+            _toggle(part, can_open, can_close, out, stack)
+        return
+    _toggle(mark, can_open, can_close, out, stack)
+
+
+def _depth(stack: list[tuple[str, int]], mark: str) -> int:
+    return next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == mark), -1)
+
+
+def _toggle(mark: str, can_open: bool, can_close: bool, out: list[str],
+            stack: list[tuple[str, int]]) -> None:
+    depth = _depth(stack, mark)
+    index = stack[depth][1] if depth >= 0 else -1
+    if depth >= 0 and can_close and any(out[index + 1 :]):
         del stack[depth:]  # markers opened inside and never closed stay literal text
         out[index] = f"<{_TAGS[mark]}>"
         out.append(f"</{_TAGS[mark]}>")

@@ -188,7 +188,7 @@ class SlackAssistant(Section):
     """The app has Slack's assistant surface (manifest `features.assistant_view`, scope
     `assistant:write`): show "is thinking…" as the thread's status, offer prompts."""
     prompts: list[str] = Field(default_factory=lambda: [
-        "What can you do?", "Summarize this channel's last day"], max_length=4)
+        "What can you do?", "Show my scheduled tasks"], max_length=4)
     """Suggested prompts for a new assistant thread (at most four)."""
 
 

@@ -16,7 +16,8 @@ BOT = "UBOT"
 
 
 @pytest.mark.parametrize(("markdown", "mrkdwn"), [
-    ("**bold** and __also__", "*bold* and *also*"),
+    ("**bold** and __also bold__", "*bold* and *also bold*"),
+    ("__init__ and __pycache__/ stay", "__init__ and __pycache__/ stay"),
     ("*italic* and _italic_", "_italic_ and _italic_"),
     ("~~gone~~", "~gone~"),
     ("a & b < c > d", "a &amp; b &lt; c &gt; d"),

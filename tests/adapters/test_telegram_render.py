@@ -31,7 +31,8 @@ def visible(html_text: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize(("markdown", "html"), [
     ("plain & simple <tag>", "plain &amp; simple &lt;tag&gt;"),
-    ("**bold** and __also__", "<b>bold</b> and <b>also</b>"),
+    ("**bold** and __also bold__", "<b>bold</b> and <b>also bold</b>"),
+    ("__init__ and __pycache__/ stay", "__init__ and __pycache__/ stay"),
     ("*it* and _it_", "<i>it</i> and <i>it</i>"),
     ("~~gone~~", "<s>gone</s>"),
     ("snake_case_name and 2 * 3 * 4", "snake_case_name and 2 * 3 * 4"),
