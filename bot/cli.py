@@ -11,23 +11,37 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def parser() -> argparse.ArgumentParser:
+    # --config and -v are taken before or after the command ("tandem chat --config x"):
+    # each subparser knows them too, and its unset ones leave the main parser's alone.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                        help="YAML config (default: ./config.yaml)")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging")
     p = argparse.ArgumentParser(
-        prog="tandem",
+        prog="tandem", parents=[common],
         description="Tandem: an AI agent for Telegram and Slack that asks before risky tools.")
-    p.add_argument("--config", metavar="PATH", help="YAML config (default: ./config.yaml)")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from bot import __version__
+
+    p.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="start every enabled platform (the terminal if none is)")
+    run = sub.add_parser("run", parents=[common],
+                         help="start every enabled platform (the terminal if none is)")
     run.add_argument("--workers", type=int, default=1, metavar="N",
                      help="run N worker processes (needs a PostgreSQL store.url)")
-    sub.add_parser("chat", help="talk to Tandem in this terminal (scriptable from stdin)")
-    sub.add_parser("doctor", help="check config, persona, database and the model endpoint")
-    sub.add_parser("migrate", help="bring the database schema up to date, then exit")
+    sub.add_parser("chat", parents=[common],
+                   help="talk to Tandem in this terminal (scriptable from stdin)")
+    sub.add_parser("doctor", parents=[common],
+                   help="check config, persona, database and the model endpoint")
+    sub.add_parser("migrate", parents=[common],
+                   help="bring the database schema up to date, then exit")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.config = getattr(args, "config", None)
+    args.verbose = getattr(args, "verbose", False)
     if args.command is None:
         parser().print_help()
         return 0

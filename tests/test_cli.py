@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,19 @@ def test_help_is_fast_and_lists_the_commands() -> None:
     assert time.monotonic() - started < 2
     for command in ("run", "chat", "doctor"):
         assert command in done.stdout
+
+
+def test_options_go_before_or_after_the_command_and_version_prints(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("llm:\n  timeout_s: soon\n")
+    for argv in (["--config", str(bad), "doctor"], ["doctor", "--config", str(bad)],
+                 ["chat", "-v", "--config", str(bad)]):
+        done = subprocess.run([sys.executable, "-m", "bot", *argv], capture_output=True,
+                              text=True, env=env())
+        assert done.returncode == 2 and "llm.timeout_s" in done.stderr, (argv, done.stderr)
+    done = subprocess.run([sys.executable, "-m", "bot", "--version"], capture_output=True,
+                          text=True, env=env(), check=True)
+    assert done.stdout.strip() == "tandem 0.1.0"
 
 
 def test_a_bad_config_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> None:
@@ -269,3 +283,10 @@ async def test_doctor_says_when_a_slack_file_scope_is_missing(model: FakeModelSe
         assert "[warn] slack files: the bot token lacks files:write" in text, text
         slack.scopes.add("files:write")
         assert "[ok  ] slack files: files:read and files:write granted" in await doctor()
+
+
+def test_the_license_file_is_the_one_pyproject_names() -> None:
+    root = Path(__file__).resolve().parent.parent
+    meta = tomllib.loads((root / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == {"file": "LICENSE"}
+    assert (root / "LICENSE").read_text().startswith("MIT License")
