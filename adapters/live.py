@@ -82,6 +82,7 @@ def split_text(text: str, limit: int) -> list[str]:
 class _Shown(Generic[Ref]):
     ref: Ref
     text: str
+    live: bool = True
 
 
 class LiveMessage(Generic[Ref]):
@@ -126,7 +127,7 @@ class LiveMessage(Generic[Ref]):
     def adopt(self, ref: Ref) -> None:
         """Take over a message already on screen (a placeholder another process posted)
         as this one's first: `finish` edits it rather than posting anew."""
-        self._shown.append(_Shown(ref, ""))
+        self._shown.append(_Shown(ref, "", True))
 
     async def show(self) -> None:
         """Have the placeholder on screen now, due or not (say, above an approval card)."""
@@ -143,7 +144,7 @@ class LiveMessage(Generic[Ref]):
         text = self._wanted
         ref = await self._retrying(lambda: self._post(text, True), deadline=30.0)
         if ref is not None:
-            self._shown.append(_Shown(ref, text))
+            self._shown.append(_Shown(ref, text, True))
             self._last_edit = time.monotonic()
             if self._wanted != text:
                 self.update(self._wanted)
@@ -211,8 +212,8 @@ class LiveMessage(Generic[Ref]):
     async def _place(self, index: int, text: str, *, live: bool, deadline: float) -> None:
         if index < len(self._shown):
             shown = self._shown[index]
-            if shown.text == text and live:
-                return
+            if shown.text == text and shown.live == live:
+                return  # unchanged (an earlier, finished part of a long answer too)
         if self._shown:  # every call in a turn's chat keeps the pace, the final one too
             wait = max(self._last_edit + self.min_interval, self._hold()) - time.monotonic()
             if wait > 0:
@@ -220,12 +221,12 @@ class LiveMessage(Generic[Ref]):
         self._last_edit = time.monotonic()  # counts even if cut off by the final text
         if index < len(self._shown):
             await self._retrying(lambda: self._edit(shown.ref, text, live), deadline)
-            shown.text = text
+            shown.text, shown.live = text, live
         else:
             ref = await self._retrying(lambda: self._post(text, live), deadline)
             if ref is None:
                 return
-            self._shown.append(_Shown(ref, text))
+            self._shown.append(_Shown(ref, text, live))
         self._last_edit = time.monotonic()
         self.edits += 1
 

@@ -167,8 +167,7 @@ class SlackStream:
             self._busy = True  # a call under way is finished before the loop stops
             try:
                 if not text.startswith(self._streamed) or len(text) > MAX_STREAM:
-                    live = await self._as_live()  # it must change, not grow: edits now
-                    live.update(text)
+                    await self._carry_on(text)  # it must change, not grow: edits now
                     return
                 await self._grow(text)
             finally:
@@ -197,7 +196,7 @@ class SlackStream:
                 self._wake.set()
             else:
                 self._failed(exc)
-                (await self._as_live()).update(text)
+                await self._carry_on(text)
         finally:
             self._last = time.monotonic()
             self.calls += 1
@@ -237,6 +236,13 @@ class SlackStream:
             self._stopped = True
             self._last = time.monotonic()
             self.calls += 1
+
+    async def _carry_on(self, text: str) -> None:
+        """Show `text` as a LiveMessage from now on, on screen at once."""
+        live = await self._as_live()
+        live.update(text)
+        if not live.refs:  # the placeholder was due later, or stopped before it landed
+            await live.show()
 
     async def _as_live(self) -> Live:
         """The message as a LiveMessage from here on: the stream (stopped), else the

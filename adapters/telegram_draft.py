@@ -116,6 +116,8 @@ class Draft:
         if delay > 0:
             await asyncio.sleep(delay)
         while not self._done and self.live is None:
+            if (wait := self.api.next_at(self.chat) - time.monotonic()) > 0:
+                await asyncio.sleep(wait)  # then the newest text goes, not a second-old one
             text = self._wanted
             if text != self._shown or time.monotonic() - self._shown_at > KEEP_ALIVE_S:
                 await self._draft(text)

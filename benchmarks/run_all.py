@@ -3,8 +3,9 @@
     python benchmarks/run_all.py [--runs 3] [--out BENCHMARKS.md]
 
 Figures: core time per turn vs history size; turns/s and added latency through Telegram
-and through Slack; cold start of `tandem run` to ready; `tandem --help`; idle RSS; SQLite
-round trips and rows written per turn. Each is the median of `--runs` runs.
+and through Slack; one long answer streamed on each platform path (first text, calls);
+cold start of `tandem run` to ready; `tandem --help`; idle RSS; SQLite round trips and
+rows written per turn. Each is the median of `--runs` runs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.fakes.model_server import FakeModelServer, Reply  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 LONG_MODES = "## Long modes"
+STREAM_PATHS = ("telegram-draft", "telegram-group", "slack-stream", "slack-update")
 
 
 def bench(script: str, *args: str) -> dict[str, Any]:
@@ -157,6 +159,8 @@ def main() -> None:
     tg = [bench("telegram_bench.py") for _ in range(n)]
     print(f"slack ({n} runs)…", flush=True)
     slack = [bench("slack_bench.py") for _ in range(n)]
+    print(f"stream ({n} runs)…", flush=True)
+    stream = [bench("stream_bench.py") for _ in range(n)]
     print(f"startup ({n} runs)…", flush=True)
     start = [asyncio.run(startup_once()) for _ in range(n)]
     store = [asyncio.run(store_per_turn()) for _ in range(n)]
@@ -194,6 +198,14 @@ def main() -> None:
         ("Slack: ack latency (p99 / max)",
          f"{median(slack, 'paced', 'ack_p99_ms'):.1f} / "
          f"{median(slack, 'paced', 'ack_max_ms'):.1f} ms", "python benchmarks/slack_bench.py"),
+        ("Streaming one 2,000-token answer at 50 tokens/s: first text on screen, Telegram "
+         "draft / group / Slack stream / Slack updates",
+         " / ".join(f"{median(stream, p, 'first_text_s'):.2f}" for p in STREAM_PATHS) + " s",
+         "python benchmarks/stream_bench.py"),
+        ("Streaming the same answer: calls to the chat (same order) / 429s",
+         " / ".join(f"{median(stream, p, 'chat_calls'):.0f}" for p in STREAM_PATHS)
+         + f" / {sum(median(stream, p, 'rate_limited') for p in STREAM_PATHS):.0f}",
+         "python benchmarks/stream_bench.py"),
         ("Cold start of `tandem run` (Telegram) to polling",
          f"{median(start, 'ready_s'):.2f} s", "python benchmarks/run_all.py"),
         ("`tandem --help`", f"{median(core, 'help_ms'):.0f} ms",

@@ -61,7 +61,10 @@ class InstantModel:
 
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
-        last = str(messages[-1].get("content") or "")
+        # the user's words: the last user message that is not the state note
+        last = next((str(m.get("content") or "") for m in reversed(messages)
+                     if m.get("role") == "user"
+                     and not str(m.get("content") or "").startswith("[Current state")), "")
         text = "answer to " + last.split("] ", 1)[-1].split("\n", 1)[0]
         yield Delta(text)
         yield Completion(text, prompt_tokens=100, completion_tokens=5)

@@ -11,13 +11,25 @@ Tandem's CPU); Tandem runs in this one, started afresh, on a fresh database, per
   so the bot is loaded but not saturated: 50 chats (~35 turns/s, more than Telegram
   delivers to one bot) and `--rate-chats` chats (300: ~200 turns/s, the throughput target);
 * streaming: the model takes `--stream` s per answer (a chunk every 0.1 s), so turns
-  post a placeholder and edit it; here latency excludes the model's time.
+  stream as message drafts (these are private chats), then the answer is sent; here
+  latency excludes the model's time.
+
+Telegram's flood control is strict by default (`--strict`): the fake counts every call to
+a chat (sends, edits, drafts, reactions) and answers 429 to any that comes less than a
+second after the previous accepted one, with no burst allowed (`chat_interval=1.0,
+burst=0`), so the printed 429s are meaningful: Tandem's per-chat pacer must keep them at
+0. The pacer spaces every call to a chat by `min_edit_interval` (1 s) whatever the fake
+does, so a chat gets at most about one answer a second: with no think time, turns/s is
+bounded by ~`--chats` per second, and latency there includes the wait for the chat's
+pace. `--no-strict` runs the fake without flood control (`--flood`: the older edit-only
+rule, 1 edit/s per chat with a burst of 3).
 
 Measured: turns per second; the bot's added latency per turn, from the fake handing out
 the update in getUpdates to the answer's final text on screen (p50/p99); the highest
-edit rate seen in any chat; Tandem's CPU time per turn. Run: `python
-benchmarks/telegram_bench.py [--chats 50] [--turns 10] [--think 1.0] [--stream 3.0]
-[--flood] [--profile out.prof]`.
+edit rate and call rate seen in any chat and the shortest gap between two calls to one
+chat; 429s; Tandem's CPU time per turn. Run: `python benchmarks/telegram_bench.py
+[--chats 50] [--turns 10] [--think 1.0] [--stream 3.0] [--no-strict [--flood]]
+[--profile out.prof]`.
 """
 
 from __future__ import annotations
@@ -56,6 +68,19 @@ REPO = Path(__file__).resolve().parent.parent
 QUESTION = re.compile(r"q(\d+\.\d+-\d+)")
 ANSWER = re.compile(r"a\d+\.\d+-\d+")
 FIRST_USER = 10_000
+PHASES = 4
+PHASE_STRIDE = 100_000
+"""Each phase talks in chats of its own: a phase's fresh Tandem (its pacer new) would
+otherwise call a chat the previous phase's Tandem called less than a second before,
+which the strict fake rightly refuses."""
+CHAT_CALLS = frozenset({"sendMessage", "editMessageText", "editMessageReplyMarkup",
+                        "sendDocument", "sendPhoto", "setMessageReaction", "sendMessageDraft"})
+"""The calls the strict fake counts against a chat (not sendChatAction)."""
+
+
+def user_id(phase: int, chat: int) -> int:
+    """The user (and private chat) id of chat number `chat` in phase `phase`."""
+    return FIRST_USER + phase * PHASE_STRIDE + chat
 
 
 class InstantModel:
@@ -72,7 +97,11 @@ class InstantModel:
 
     async def stream(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
-        found = QUESTION.findall(str(messages[-1].get("content", "")))
+        found: list[str] = []
+        for message in reversed(messages):  # the question, before any note that follows it
+            found = QUESTION.findall(str(message.get("content", "")))
+            if found:
+                break
         tag = f"a{found[-1]}" if found else "a?"
         pieces = ["Sure", ", here", " it is: "] + ["more "] * int(self.stream_s * 10)
         for piece in pieces:
@@ -120,13 +149,34 @@ class TimedTelegram(FakeTelegram):
 async def chat_loop(fake: TimedTelegram, phase: int, chat: int, turns: int,
                     update_ids: dict[str, int], think: float) -> None:
     await asyncio.sleep(random.uniform(0, 2 * think))
+    user = user_id(phase, chat)
     for turn in range(turns):
         tag = f"{phase}.{chat}-{turn}"
         fake.waiters[f"a{tag}"] = done = asyncio.Event()
-        update_ids[f"a{tag}"] = fake.push_message(FIRST_USER + chat, FIRST_USER + chat,
-                                                  f"q{tag}", first_name=f"User{chat}")
+        update_ids[f"a{tag}"] = fake.push_message(user, user, f"q{tag}",
+                                                  first_name=f"User{chat}")
         await asyncio.wait_for(done.wait(), 60)
         await asyncio.sleep(random.uniform(0.5, 1.5) * think)
+
+
+def chat_pace(calls: list[Any]) -> tuple[float, float]:
+    """The most calls to one chat within any second, and the shortest gap (ms) between
+    two calls to one chat (arrivals, whatever their outcome)."""
+    times: dict[int, list[float]] = {}
+    for call in calls:
+        if call.method in CHAT_CALLS and isinstance(call.params.get("chat_id"), int):
+            times.setdefault(call.params["chat_id"], []).append(call.time)
+    most, gap = 0, float("inf")
+    for stamps in times.values():
+        stamps.sort()
+        left = 0
+        for right, moment in enumerate(stamps):
+            while moment - stamps[left] >= 1.0:
+                left += 1
+            most = max(most, right - left + 1)
+            if right:
+                gap = min(gap, moment - stamps[right - 1])
+    return float(most), gap * 1000 if gap < float("inf") else float("nan")
 
 
 async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: float,
@@ -134,6 +184,7 @@ async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: 
     """One phase's chats, start to finish; its figures."""
     calls, limited = len(fake.calls), len(fake.rate_limited)
     edits = len(fake.calls_to("editMessageText"))
+    drafts = len(fake.calls_to("sendMessageDraft"))
     update_ids: dict[str, int] = {}
     started, cpu = time.monotonic(), time.process_time()
     await asyncio.gather(*(chat_loop(fake, phase, c, turns, update_ids, think)
@@ -142,21 +193,24 @@ async def drive(fake: TimedTelegram, phase: int, chats: int, turns: int, think: 
     latencies = sorted(1000 * (fake.shown[tag] - fake.served[uid] - stream_s)
                        for tag, uid in update_ids.items())
     cuts = statistics.quantiles(latencies, n=100)
+    most, gap = chat_pace(fake.calls[calls:])
     return {
         "turns": float(chats * turns), "seconds": elapsed,
         "turns_per_s": chats * turns / elapsed, "p50_ms": cuts[49], "p99_ms": cuts[98],
         "max_ms": latencies[-1],
-        "max_edits_per_s": float(max(fake.max_edit_rate(FIRST_USER + c)
+        "max_edits_per_s": float(max(fake.max_edit_rate(user_id(phase, c))
                                      for c in range(chats))),
         "api_calls": float(len(fake.calls) - calls),
         "rate_limited": float(len(fake.rate_limited) - limited),
         "edits": float(len(fake.calls_to("editMessageText")) - edits),
+        "drafts": float(len(fake.calls_to("sendMessageDraft")) - drafts),
+        "max_calls_per_s": most, "min_gap_ms": gap,
         "fake_cpu_ms": cpu * 1000,
     }
 
 
 def phases(args: argparse.Namespace) -> list[tuple[str, int, int, float, float]]:
-    """(name, chats, turns, think, stream_s) for each phase."""
+    """(name, chats, turns, think, stream_s) for each phase (`PHASES` of them)."""
     return [("throughput", args.chats, args.turns, 0.0, 0.0),
             ("latency", args.chats, args.turns, args.think, 0.0),
             ("latency_loaded", args.rate_chats, args.turns, args.think, 0.0),
@@ -165,7 +219,9 @@ def phases(args: argparse.Namespace) -> list[tuple[str, int, int, float, float]]
 
 async def telegram_side(conn: Connection, args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    async with TimedTelegram(flood=args.flood) as fake:
+    options: dict[str, Any] = {"chat_interval": 1.0, "burst": 0} if args.strict \
+        else {"flood": args.flood}
+    async with TimedTelegram(**options) as fake:
         conn.send((fake.url, fake.token))
         results: dict[str, Any] = {}
         for phase, (name, chats, turns, think, stream_s) in enumerate(phases(args)):
@@ -194,7 +250,8 @@ async def tandem_phase(conn: Connection, url: str, token: str, chats: int,
             "store": {"path": f"{tmp}/bench.db"},
             "persona": {"dir": str(REPO / "persona")}, "workspace": {"dir": f"{tmp}/ws"},
             "telegram": {"enabled": True, "token": token, "base_url": f"{url}/bot",
-                         "allowed_users": [FIRST_USER + c for c in range(chats)]}})
+                         "allowed_users": [user_id(p, c) for p in range(PHASES)
+                                           for c in range(chats)]}})
         async with running(config, InstantModel(stream_s), create):
             cpu = time.process_time()
             conn.send("ready")
@@ -225,10 +282,12 @@ def report(name: str, result: dict[str, float]) -> None:
     print(f"  added latency p50  {result['p50_ms']:8.1f} ms")
     print(f"  added latency p99  {result['p99_ms']:8.1f} ms   (max {result['max_ms']:.1f} ms)")
     print(f"  max edits/s/chat   {result['max_edits_per_s']:8.0f}")
+    print(f"  max calls/s/chat   {result['max_calls_per_s']:8.0f}   (shortest gap between "
+          f"two calls to a chat {result['min_gap_ms']:.0f} ms)")
     print(f"  CPU per turn       {result['tandem_cpu_ms'] / result['turns']:8.2f} ms Tandem's, "
           f"{result['fake_cpu_ms'] / result['turns']:.2f} ms the fake's and its chats'")
     print(f"  API calls {result['api_calls']:.0f}, edits {result['edits']:.0f}, "
-          f"429s {result['rate_limited']:.0f}")
+          f"drafts {result['drafts']:.0f}, 429s {result['rate_limited']:.0f}")
 
 
 def main() -> None:
@@ -241,14 +300,20 @@ def main() -> None:
                         help="chats in the second latency phase (~chats / think turns/s)")
     parser.add_argument("--stream", type=float, default=3.0,
                         help="seconds the model streams each answer in the streaming phase")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                        help="the strictest flood control: every call to a chat counts, "
+                             "at most 1/s, no burst (default); --no-strict: see --flood")
     parser.add_argument("--flood", action="store_true",
-                        help="the fake's flood control on (1 edit/s per chat, burst 3)")
+                        help="with --no-strict: the fake's edit flood control on (1 edit/s "
+                             "per chat, burst 3); without it, no flood control at all")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of Tandem's side")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    flood = "strict (every call to a chat, 1/s, no burst)" if args.strict \
+        else "edits, 1/s per chat, burst 3" if args.flood else "off"
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs; {args.chats} chats x "
-          f"{args.turns} turns, flood control {'on' if args.flood else 'off'}")
+          f"{args.turns} turns, flood control {flood}")
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
     child = ctx.Process(target=telegram_process, args=(theirs, args), daemon=True)
@@ -267,13 +332,18 @@ def main() -> None:
     report(f"streaming ({args.stream:g} s answers, model time not counted)",
            results["streaming"])
     edits = max(r["max_edits_per_s"] for r in results.values())
-    print(f"targets: >= 200 turns/s: {busy['turns_per_s']:.0f}; p99 < 50 ms: "
+    most = max(r["max_calls_per_s"] for r in results.values())
+    limited = sum(r["rate_limited"] for r in results.values())
+    print(f"targets: >= 200 turns/s: {busy['turns_per_s']:.0f} with {args.chats} chats (bound "
+          f"by the pace: ~1 answer/s per chat after its first), "
+          f"{loaded['turns_per_s']:.0f} with {args.rate_chats}; p99 < 50 ms: "
           f"{paced['p99_ms']:.1f} ms at {paced['turns_per_s']:.0f} turns/s, "
           f"{loaded['p99_ms']:.1f} ms at {loaded['turns_per_s']:.0f} turns/s; "
-          f"<= 1 edit/s/chat: {edits:.0f}")
+          f"<= 1 edit/s/chat: {edits:.0f}; <= 1 call/s/chat: {most:.0f}; 429s: {limited:.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({**results, "max_edits_per_s": edits},
-                                              indent=1, default=str))
+        Path(args.json).write_text(json.dumps(
+            {**results, "max_edits_per_s": edits, "max_calls_per_s": most,
+             "rate_limited": limited, "strict": args.strict}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""`tandem run | chat | doctor`. Heavy imports happen inside the commands, so
-`tandem --help` stays instant."""
+"""`tandem run | chat | doctor | migrate | slack-manifest`. Heavy imports happen inside
+the commands, so `tandem --help` stays instant."""
 
 from __future__ import annotations
 
@@ -35,6 +35,19 @@ def parser() -> argparse.ArgumentParser:
                    help="check config, persona, database and the model endpoint")
     sub.add_parser("migrate", parents=[common],
                    help="bring the database schema up to date, then exit")
+    manifest = sub.add_parser(
+        "slack-manifest", help="print a Slack app manifest (Create an app → From a manifest)",
+        description="Print the Slack app manifest Tandem needs (scopes, events, the /tandem "
+                    "command, interactivity), to paste into Slack's \"Create an app → From "
+                    "an app manifest\".")
+    manifest.add_argument("--mode", choices=("socket", "http"), default="socket",
+                          help="Socket Mode (default; no public URL) or HTTP (Events API)")
+    manifest.add_argument("--url", metavar="URL",
+                          help="http mode: the public events URL, e.g. "
+                               "https://tandem.example.com/slack/events")
+    manifest.add_argument("--assistant", action="store_true",
+                          help="with Slack's assistant surface (slack.assistant.enabled)")
+    manifest.add_argument("--yaml", action="store_true", help="YAML instead of JSON")
     return p
 
 
@@ -45,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help()
         return 0
+    if args.command == "slack-manifest":
+        return _slack_manifest(args)
     from bot.errors import ConfigError
 
     try:
@@ -69,6 +84,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _slack_manifest(args: argparse.Namespace) -> int:
+    # Loaded by name, as bot.main loads a platform: bot/ has no import of adapters/.
+    import importlib
+
+    slack = importlib.import_module("adapters.slack_manifest")
+    try:
+        data = slack.manifest(args.mode, args.url, assistant=args.assistant)
+    except slack.ManifestError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(slack.render(data, as_yaml=args.yaml))
+    return 0
 
 
 def _workers(config: object, args: argparse.Namespace) -> int:

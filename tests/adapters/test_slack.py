@@ -1076,7 +1076,8 @@ async def test_a_refused_stream_falls_back_to_updates_paced_to_the_last(
     fake.refuse_streams = True
     model.script(Reply(text="First."), Reply(text=LONG, chunk_size=12, chunk_delay=0.03),
                  Reply(text="Again."))
-    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0) as rig:
+    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
+                   placeholder_delay=0.5) as rig:
         root = await rig.say("D1", "U1", "start")
         await rig.wait_text("D1", "First.")
         await rig.settle()

@@ -882,3 +882,20 @@ async def test_a_denied_call_leaves_no_waiting_placeholder(
     assert not any("Waiting for approval" in t for t in texts)
     assert "I will write it." in texts  # what the model said before it asked stays
     assert model.violations == []
+
+
+async def test_a_finished_part_of_a_long_streamed_answer_is_not_sent_again(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    answer = "\n\n".join(" ".join(f"w{p}x{i}" for i in range(100)) for p in range(12))
+    assert len(answer) > 6000
+    model.script(Reply(text=answer, chunk_size=200, chunk_delay=0.05))
+    async with rig(tmp_path, model, fake) as r:
+        fake.push_message(GROUP, ANN, "@tandem_bot a long one", chat_type="supergroup")
+        await r.until(lambda: len(r.bot(GROUP)) >= 2 and not any(
+            m.reply_markup for m in r.bot(GROUP)), timeout=20)
+        await r.hub.idle()
+    assert "\n\n".join(m.text for m in r.bot(GROUP)).split() == answer.split()
+    unchanged = [c for c in fake.calls if c.method == "editMessageText"
+                 and "not modified" in (c.description or "")]
+    assert unchanged == []  # every edit changed something
+    assert model.violations == []

@@ -82,8 +82,9 @@ def write_config(tmp: Path, pg_url: str, model: FakeModelServer, tg: FakeTelegra
         "persona": {"dir": str(tmp / "persona")},
         "workspace": {"dir": str(tmp / "ws")},
         "limits": {"breakers": {"same_call": 1000}},
+        # placeholders, not drafts: the suite checks that a slow turn streams by its edits
         "telegram": {"enabled": True, "token": tg.token, "base_url": f"{tg.url}/bot",
-                     "allowed_users": tg_users, "mode": "webhook",
+                     "allowed_users": tg_users, "mode": "webhook", "drafts": False,
                      "webhook": {"url": public_url, "host": HOST, "port": 0,
                                  "path": "/telegram", "secret_token": TG_SECRET}},
         "slack": {"enabled": True, "mode": "http", "bot_token": slack.bot_token,

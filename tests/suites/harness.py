@@ -228,8 +228,10 @@ class TgRig:
 
 def tg_config(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram,
               overrides: JSON | None = None, **telegram: Any) -> Config:
+    # the suites try the placeholder (its Cancel button, its edits) in private chats too;
+    # drafts have their own tests in tests/adapters/test_telegram.py
     settings = {"enabled": True, "token": fake.token, "base_url": f"{fake.url}/bot",
-                "allowed_users": [ANN], **telegram}
+                "allowed_users": [ANN], "drafts": False, **telegram}
     return make_config(tmp_path, model, telegram=settings, **(overrides or {}))
 
 

@@ -363,8 +363,11 @@ class Fuzz:
                     any(s.ends_old == old for s in resolved)
                 assert now == before[old] or cancelled, f"{old} changed to {now}\n{context}"
             self.check_runs(card, new, RUNS[runs:], resolved, context)
-            ended = {(o.chat, o.ref) for o in self.older if any(
-                s.ends_old == o.approval_id for s in resolved)}
+            # a turn a Cancel ended while it waited: its card, and its placeholder, which
+            # becomes the turn's end
+            ended = {where for o in self.older if any(
+                s.ends_old == o.approval_id for s in resolved)
+                for where in {(o.chat, o.ref)} | self.d.conv_messages(o)}
             self.check_edits(card, status == "pending" and any(
                 s.decides or s.cancels for s in resolved), ended, self.d.edits(mark), context)
             located = located or (status == "pending" and any(
