@@ -111,6 +111,11 @@ class LiveMessage(Generic[Ref]):
         self.edits = 0
 
     @property
+    def last_call(self) -> float:
+        """When this message's last post or edit started (time.monotonic)."""
+        return self._last_edit
+
+    @property
     def refs(self) -> list[Ref]:
         """The messages on screen, in order."""
         return [shown.ref for shown in self._shown]

@@ -179,27 +179,35 @@ class SlackStream:
         delta = text[len(self._streamed):]
         if self.ts is None and self.placeholder is not None:
             await self.placeholder.close(land=True)  # no placeholder posted after this
+            if self.placeholder.refs and \
+                    (wait := self.placeholder.last_call + self.min_interval
+                     - time.monotonic()) > 0:
+                await asyncio.sleep(wait)  # it just landed: the stream keeps the pace
+        failed: BaseException | None = None
         try:
             if self.ts is None:
                 resp = await self.client.chat_startStream(
                     channel=self.where.channel, thread_ts=self.where.thread_ts,
                     markdown_text=delta, **self._recipient())
                 self.ts = str(resp["ts"])
-                await self._drop_placeholder()
             else:
                 await self.client.chat_appendStream(channel=self.where.channel, ts=self.ts,
                                                     markdown_text=delta)
             self._streamed = text
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
-            if (wait := _wait_of(exc)) is not None:
-                self._hold_until = time.monotonic() + wait
-                self._wake.set()
-            else:
-                self._failed(exc)
-                await self._carry_on(text)
+            failed = exc
         finally:
             self._last = time.monotonic()
             self.calls += 1
+        if failed is None:
+            if self.placeholder is not None and self.ts is not None:
+                await self._drop_placeholder()
+        elif (retry := _wait_of(failed)) is not None:
+            self._hold_until = time.monotonic() + retry
+            self._wake.set()
+        else:
+            self._failed(failed)
+            await self._carry_on(text)
 
     def _recipient(self) -> dict[str, Any]:
         if self.where.recipient is None:
@@ -242,6 +250,8 @@ class SlackStream:
         live = await self._as_live()
         live.update(text)
         if not live.refs:  # the placeholder was due later, or stopped before it landed
+            if (wait := self._last + self.min_interval - time.monotonic()) > 0:
+                await asyncio.sleep(wait)  # a refused stream was a call in this chat too
             await live.show()
 
     async def _as_live(self) -> Live:
