@@ -14,7 +14,7 @@ from bot import llm, logs, redact
 from bot.app import Dispatch, build
 from bot.cluster import Cluster, ensure_queue_schema, owner_id
 from bot.config import Config
-from bot.errors import StoreError, TandemError
+from bot.errors import ConfigError, StoreError, TandemError
 from bot.hub import Hub
 from bot.store import Store
 
@@ -103,6 +103,9 @@ async def _serve(config: Config, chat: bool) -> int:
             hub.d.mcp.start()  # in the background: its tools join when each server is up
             await _wait_for_signal()
         return 0
+    except ConfigError as exc:  # a token the platform rejected: a config problem
+        log.error("%s", exc)
+        return 2
     except TandemError as exc:
         log.error("%s", exc)
         return 1

@@ -290,3 +290,20 @@ def test_the_license_file_is_the_one_pyproject_names() -> None:
     meta = tomllib.loads((root / "pyproject.toml").read_text())
     assert meta["project"]["license"] == {"file": "LICENSE"}
     assert (root / "LICENSE").read_text().startswith("MIT License")
+
+
+async def test_a_token_telegram_rejects_is_one_line_and_exit_2(model: FakeModelServer,
+                                                               tmp_path: Path) -> None:
+    from tests.fakes.telegram_server import FakeTelegram
+
+    async with FakeTelegram(token="123:RIGHT") as fake:
+        config = write_config(tmp_path, model, telegram={
+            "enabled": True, "token": "123:WRONG", "base_url": f"{fake.url}/bot",
+            "allowed_users": [42]})
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", "--config", str(config),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    text = err.decode()
+    assert proc.returncode == 2, text
+    assert "telegram.token" in text and "rejected" in text and "Traceback" not in text
