@@ -101,6 +101,10 @@ def cancel_keyboard(turn: int | None) -> list[list[tuple[str, str]]]:
     return [[("⏹ Cancel", pack(CancelButton(turn)))]]
 
 
+class TelegramUnavailable(TandemError):
+    """Telegram could not be reached at start."""
+
+
 @dataclass(slots=True)
 class _Turn:
     live: LiveMessage[Posted] | Draft
@@ -132,6 +136,7 @@ class TelegramAdapter:
         self.placeholder_delay, self.typing_delay = placeholder_delay, typing_delay
         self.typing_interval = typing_interval
         self.render: Callable[[str], str] = render.to_html
+        self._base = tg.base_url.rstrip("/").rpartition("/bot")[0] or tg.base_url
         head, bot, tail = tg.base_url.rstrip("/").rpartition("/bot")
         files = f"{head}/file/bot{tail}" if bot else "https://api.telegram.org/file/bot"
         self._requests = (AiohttpRequest(), AiohttpRequest(connections=2))
@@ -187,6 +192,9 @@ class TelegramAdapter:
             await self.app.initialize()  # getMe
         except InvalidToken:
             raise ConfigError("telegram.token", "was rejected by Telegram") from None
+        except NetworkError as exc:  # a timeout too: one line, no traceback
+            raise TelegramUnavailable(f"telegram: cannot reach {self._base} "
+                                      f"({type(exc).__name__}: {exc})") from None
         me = self.app.bot.bot
         self.username, self.bot_id = me.username or "", me.id
         try:

@@ -307,3 +307,23 @@ async def test_a_token_telegram_rejects_is_one_line_and_exit_2(model: FakeModelS
     text = err.decode()
     assert proc.returncode == 2, text
     assert "telegram.token" in text and "rejected" in text and "Traceback" not in text
+
+
+async def test_telegram_unreachable_at_start_is_one_line(model: FakeModelServer,
+                                                        tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_config(tmp_path, model, telegram={
+        "enabled": True, "token": "123:ABC", "base_url": f"http://127.0.0.1:{port}/bot",
+        "allowed_users": [42]})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", "--config", str(config),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert proc.returncode == 1, lines
+    assert "Traceback" not in err.decode() and len(lines) <= 2, lines
+    assert any(f"cannot reach http://127.0.0.1:{port}" in line for line in lines), lines
