@@ -87,6 +87,9 @@ async def _serve(config: Config, chat: bool) -> int:
                 platform.poll = False  # a platform that polls: only the leader does
             await platform.start()
         if not names:
+            if not chat:  # `tandem run` with nothing to run: say so, then the terminal
+                log.warning("no platform is enabled (telegram.enabled, slack.enabled in "
+                            "the config): talking in this terminal instead")
             console = load_platform("console").create(config, hub, dispatch)
             await hub.recover()
             await hub.scheduler.start()

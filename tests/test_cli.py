@@ -327,3 +327,15 @@ async def test_telegram_unreachable_at_start_is_one_line(model: FakeModelServer,
     assert proc.returncode == 1, lines
     assert "Traceback" not in err.decode() and len(lines) <= 2, lines
     assert any(f"cannot reach http://127.0.0.1:{port}" in line for line in lines), lines
+
+
+async def test_run_with_no_platform_says_so(model: FakeModelServer, tmp_path: Path) -> None:
+    model.script(Reply(text="hello back"))
+    config = write_config(tmp_path, model)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", "--config", str(config),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env(model), cwd=tmp_path)
+    out, err = await asyncio.wait_for(proc.communicate(b"hello\n"), 60)
+    assert proc.returncode == 0
+    assert "no platform is enabled" in err.decode() and "hello back" in out.decode()
