@@ -66,6 +66,11 @@ class StoreError(TandemError):
     pass
 
 
+class StoreUnusable(StoreError):
+    """`store.path` names something that cannot be the database: a configuration
+    problem, told in one line."""
+
+
 USER_MESSAGES: dict[type[TandemError], str] = {
     ContextOverflowError: "The system prompt is larger than the model's context window; "
     "an admin needs to shorten the persona files or raise llm.context_window.",

@@ -14,7 +14,7 @@ from bot import llm, logs, redact
 from bot.app import Dispatch, build
 from bot.cluster import Cluster, ensure_queue_schema, owner_id
 from bot.config import Config
-from bot.errors import ConfigError, StoreError, TandemError
+from bot.errors import ConfigError, StoreError, StoreUnusable, TandemError
 from bot.hub import Hub
 from bot.store import Store
 
@@ -34,6 +34,8 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     logs.setup(level, [*config.secrets(), *redact.environment_secrets()])
     try:
         return asyncio.run(_serve(config, chat))
+    except StoreUnusable as exc:
+        raise ConfigError("store.path", str(exc)) from None
     except StoreError as exc:  # one line, never silent (a worker's log is all there is)
         log.error("%s", exc)
         return 1
@@ -54,6 +56,8 @@ def migrate(config: Config) -> int:
 
     try:
         asyncio.run(run())
+    except StoreUnusable as exc:
+        raise ConfigError("store.path", str(exc)) from None
     except StoreError as exc:
         log.error("%s", exc)
         return 1

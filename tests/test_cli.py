@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import PERSONA, said
@@ -339,3 +340,21 @@ async def test_run_with_no_platform_says_so(model: FakeModelServer, tmp_path: Pa
     out, err = await asyncio.wait_for(proc.communicate(b"hello\n"), 60)
     assert proc.returncode == 0
     assert "no platform is enabled" in err.decode() and "hello back" in out.decode()
+
+
+@pytest.mark.parametrize("where", ["a-folder", "a-file/tandem.db", "not-a-db.txt"])
+def test_a_store_path_that_cannot_be_the_database_is_one_line_and_exit_2(
+        tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "not-a-db.txt").write_text("notes, not a database\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store:\n  path: {tmp_path / where}\n")
+    for command in ("chat", "migrate"):
+        done = subprocess.run([sys.executable, "-m", "bot", command, "--config", str(config)],
+                              capture_output=True, text=True, env=env(), timeout=30,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, (command, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "store.path" in lines[0] and where in lines[0], lines
+    assert (tmp_path / "not-a-db.txt").read_text() == "notes, not a database\n"

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from bot.errors import StoreError
+from bot.errors import StoreError, StoreUnusable
 from bot.events import ConvKey
 from bot.file_modes import private_dir, private_file
 from bot.store.sqlite_schema import MIGRATIONS
@@ -32,6 +32,26 @@ def conv_key(row: sqlite3.Row | tuple[Any, ...], offset: int = 0) -> ConvKey:
     return ConvKey(platform, chat, thread or None)
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unusable(path: Path) -> str | None:
+    """Why `path` cannot hold Tandem's database, or None (what SQLite would only say as
+    "unable to open database file", or not at all until the first query)."""
+    if path.is_dir():
+        return "is a directory, not a database file"
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"is under {parent}, which is a file, not a folder"
+            break
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                return "exists and is not a SQLite database (pick another store.path)"
+    return None
+
+
 class SQLiteBase:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -40,14 +60,16 @@ class SQLiteBase:
     # -- plumbing ---------------------------------------------------------------------
 
     async def open(self) -> None:
+        if str(self.path) != ":memory:" and (problem := unusable(self.path)):
+            raise StoreUnusable(f"{self.path} {problem}")
         try:
             if str(self.path) != ":memory:":
                 private_dir(self.path.parent)
                 private_file(self.path)
             self._db = await aiosqlite.connect(self.path, isolation_level=None)
             await self._run(self._setup)
-        except (sqlite3.Error, OSError) as exc:
-            await self.close()
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            await self.close()  # else aiosqlite's thread keeps the process alive
             raise StoreError(f"cannot open the database {self.path}: {exc}") from exc
 
     async def close(self) -> None:
