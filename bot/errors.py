@@ -5,6 +5,7 @@ TandemError
 ├── ContextOverflowError   the system prompt alone does not fit the context window
 ├── ModelError             the model could not be reached or refused the request
 │   ├── ModelRateLimited   still rate limited after retries
+│   ├── ModelUnreachable   failed after retries: why, and where (shown in one line)
 │   ├── ModelStreamCut     the model's answer stopped mid-way (after retries)
 │   └── TurnTooLong        this turn alone no longer fits the context window
 ├── ToolError              a tool refused or failed (its text goes to the model, not the user)
@@ -39,6 +40,16 @@ class ModelError(TandemError):
 
 class ModelRateLimited(ModelError):
     pass
+
+
+class ModelUnreachable(ModelError):
+    """The model call failed after retries. `cause` is a short fixed phrase ("connection
+    refused", "the API key was refused (401)"…) and `where` the endpoint without
+    credentials: users and `tandem doctor` see both."""
+
+    def __init__(self, message: str, cause: str, where: str) -> None:
+        super().__init__(message)
+        self.cause, self.where = cause, where
 
 
 class ModelStreamCut(ModelError):
@@ -78,6 +89,8 @@ USER_MESSAGES: dict[type[TandemError], str] = {
     ModelStreamCut: "The model's answer was cut off mid-way ({cause}); please try again.",
     TurnTooLong: "This turn no longer fits the model's context window, even without older "
     "messages. Send /new to start afresh.",
+    ModelUnreachable: "The model call failed: {cause} ({where}). Please try again in a "
+    "moment.",
     ModelError: "The model could not be reached. Please try again in a moment.",
     StoreError: "Tandem's database is unavailable. Please try again shortly.",
 }
@@ -88,5 +101,6 @@ def user_message(exc: BaseException) -> str:
     for cls in type(exc).__mro__:
         if cls in USER_MESSAGES:
             text = USER_MESSAGES[cls]  # type: ignore[index]
-            return text.replace("{cause}", str(getattr(exc, "cause", "")))
+            return text.replace("{cause}", str(getattr(exc, "cause", ""))) \
+                .replace("{where}", str(getattr(exc, "where", "")))
     return "Something went wrong on Tandem's side. The details are in the logs."

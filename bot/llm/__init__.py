@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bot.config import LLMConfig
-from bot.errors import ModelError, ModelRateLimited, ModelStreamCut
+from bot.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
 from bot.history import ToolCall
+from bot.llm.failures import cause, chain, endpoint
 from bot.llm.loading import load, loaded, preload, warm
 
 log = logging.getLogger(__name__)
@@ -191,27 +192,12 @@ def _retry_after(exc: BaseException) -> float | None:
         return None
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """The exception, its causes and what litellm wrapped (`original_exception`)."""
-    out: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo and len(out) < 20:
-        item = todo.pop()
-        if item is None or any(item is seen for seen in out):
-            continue
-        out.append(item)
-        original = getattr(item, "original_exception", None)
-        todo += [item.__cause__, item.__context__,
-                 original if isinstance(original, BaseException) else None]
-    return out
-
-
 def _cut_cause(exc: BaseException) -> str:
     """A short, fixed description of why a stream stopped (shown to the user)."""
-    names = [type(e).__name__ for e in _chain(exc)]
+    names = [type(e).__name__ for e in chain(exc)]
     if any("Timeout" in n or "TimedOut" in n for n in names):
         return "it timed out"
-    if any(isinstance(e, ConnectionError | EOFError) for e in _chain(exc)) or any(
+    if any(isinstance(e, ConnectionError | EOFError) for e in chain(exc)) or any(
             word in n for n in names for word in ("Connection", "ReadError", "RemoteProtocol",
                                                   "Payload", "Disconnected")):
         return "the connection was lost"
@@ -262,6 +248,8 @@ class LiteLLMClient:
         transient = (litellm.RateLimitError, litellm.InternalServerError,
                      litellm.ServiceUnavailableError, litellm.APIConnectionError,
                      litellm.Timeout, litellm.BadGatewayError)
+        refusals = (litellm.APIError, litellm.AuthenticationError, litellm.NotFoundError,
+                    litellm.BadRequestError, litellm.PermissionDeniedError)
         last: _Failure | None = None
         started = False
         for target in self._targets():
@@ -279,7 +267,7 @@ class LiteLLMClient:
                     return
                 except litellm.ContextWindowExceededError as exc:
                     raise ContextExceeded(str(exc)) from exc
-                except (*transient, litellm.APIError) as exc:
+                except (*transient, *refusals) as exc:
                     last = _Failure(exc, acc.chunks > 0)  # cut off: the stream had begun
                     if not last.cut and not isinstance(exc, transient):
                         log.warning("model %s refused the request: %s", target["model"],
@@ -296,7 +284,9 @@ class LiteLLMClient:
                                  _cut_cause(last.exc)) from failed
         if isinstance(failed, litellm.RateLimitError):
             raise ModelRateLimited("rate limited after retries") from failed
-        raise ModelError(f"model unavailable: {type(failed).__name__}") from failed
+        where = endpoint(self.config.api_base, self.config.model)
+        why = cause(failed, self.config.timeout_s) if failed is not None else "no model tried"
+        raise ModelUnreachable(f"model call failed: {why} ({where})", why, where) from failed
 
     async def _once(
         self, litellm: Any, target: dict[str, Any], messages: Sequence[dict[str, Any]],

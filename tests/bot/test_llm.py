@@ -124,6 +124,19 @@ async def test_a_stream_cut_mid_way_is_retried_then_says_cut_off(
     assert len(model.requests) == 2
 
 
+async def test_a_refused_key_and_a_silent_server_are_named() -> None:
+    from bot.llm.failures import cause, endpoint
+
+    litellm = await llm.load()
+    refused = litellm.AuthenticationError("bad key", llm_provider="openai", model="x")
+    assert cause(refused, 10) == "the API key was refused (401)"
+    slow = litellm.Timeout("took too long", model="x", llm_provider="openai")
+    assert cause(slow, 7.5) == "no answer within 7.5 s"
+    assert endpoint("https://user:secret@llm.example:8443/v1?key=abc", "openai/x") == \
+        "https://llm.example:8443/v1"
+    assert endpoint(None, "anthropic/claude") == "anthropic's API"
+
+
 async def test_a_cut_then_a_full_answer_is_just_the_answer(model: FakeModelServer) -> None:
     model.script(Reply(text="half of an answer that will be cut " * 3, fault="drop"),
                  Reply(text="the whole answer"))
@@ -142,7 +155,9 @@ async def test_a_model_nobody_answers_for_is_still_unreachable() -> None:
         await collect(c)
     except ModelError as exc:
         assert not isinstance(exc, ModelStreamCut)
-        assert user_message(exc) == "The model could not be reached. Please try again in a moment."
+        # one line: the cause and the address (without credentials)
+        assert user_message(exc) == ("The model call failed: connection refused "
+                                     f"({base}). Please try again in a moment.")
     else:
         raise AssertionError("the call succeeded")
 
