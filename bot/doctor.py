@@ -170,7 +170,7 @@ async def _mcp(config: Config) -> list[tuple[str, str, str]]:
 
 async def _model(config: Config) -> list[tuple[str, str, str]]:
     from bot import llm as models
-    from bot.errors import ModelError
+    from bot.errors import ModelError, ModelUnreachable
     from bot.llm import Completion, LiteLLMClient
 
     llm = config.llm.model_copy(update={"retries": 0, "timeout_s": min(config.llm.timeout_s, 20),
@@ -181,10 +181,12 @@ async def _model(config: Config) -> list[tuple[str, str, str]]:
             if isinstance(item, Completion):
                 return [("model", OK, f"{config.llm.model} answered")]
     except ModelError as exc:
-        cause = exc.__cause__
-        detail = f"{type(cause).__name__}" if cause else str(exc)
-        return [("model", BAD, f"{config.llm.model} at {config.llm.api_base or 'default'}: "
-                 f"{detail}. Check llm.model, llm.api_base and llm.api_key.")]
+        if isinstance(exc, ModelUnreachable):  # why, and where, in one line
+            detail = f"{exc.cause} ({exc.where})"
+        else:
+            detail = str(exc)
+        return [("model", BAD, f"{config.llm.model}: {detail}. Check llm.model, "
+                 "llm.api_base and llm.api_key.")]
     finally:
         await models.close()  # litellm's HTTP clients, while this loop still runs
     return [("model", BAD, "the model returned no answer")]

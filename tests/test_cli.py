@@ -246,6 +246,8 @@ async def test_doctor_says_what_is_wrong_in_plain_words(model: FakeModelServer,
     assert proc.returncode == 1
     assert "[FAIL] persona: missing" in text and "RULES.md" in text
     assert "[FAIL] model:" in text and "llm.api_base" in text
+    # why and where, in one line
+    assert "connection refused (http://127.0.0.1:9/v1)" in text
 
 
 async def test_doctor_connects_to_each_mcp_server(model: FakeModelServer, tmp_path: Path) -> None:
