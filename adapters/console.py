@@ -14,9 +14,11 @@ import sys
 from collections import deque
 from typing import TextIO
 
+from bot.buttons import ItemButton, unpack
 from bot.events import (
     ApprovalRequested,
     ApprovalResolved,
+    Button,
     Cancel,
     Command,
     ConvKey,
@@ -36,6 +38,17 @@ from bot.events import (
 from bot.hub import Hub
 
 PLATFORM = "console"
+TYPED = {"rule": "/revoke", "job": "/canceljob"}
+
+
+def typed(buttons: tuple[Button, ...]) -> str:
+    """A notice's buttons as the commands a terminal types instead (one per line)."""
+    lines = []
+    for button in buttons:
+        data = unpack(button.data)
+        if isinstance(data, ItemButton):
+            lines.append(f"  {button.label}: {TYPED[data.kind]} {data.item_id}\n")
+    return "".join(lines)
 ANSWERS = {"y": Verdict.APPROVE, "yes": Verdict.APPROVE, "n": Verdict.DENY, "no": Verdict.DENY,
            "a": Verdict.ALWAYS, "always": Verdict.ALWAYS}
 
@@ -83,8 +96,8 @@ class Console:
                 with contextlib.suppress(ValueError):
                     self.pending.remove(aid)
                 self._status(f"[{outcome}]")
-            case Notice(text=text):
-                self._write(f"{text}\n")
+            case Notice(text=text, buttons=buttons):
+                self._write(f"{text}\n{typed(buttons)}")
             case Queued():
                 self._status("[received; I will answer it after the current reply]")
 

@@ -126,6 +126,12 @@ async def jobs(ctx: CommandContext, conv: Conversation) -> Notice:
 
 
 async def revoke(ctx: CommandContext, conv: Conversation, rule_id: str) -> Notice:
+    """`/revoke N` (the number `/approvals` lists) or the rule's id (a button's)."""
+    rule_id = rule_id.strip()
+    if rule_id.isdigit():
+        rules = await ctx.store.rules(conv.row.id)
+        if 1 <= int(rule_id) <= len(rules):
+            rule_id = rules[int(rule_id) - 1].id
     removed = await ctx.store.delete_rule(conv.row.id, rule_id)
     text = "Rule revoked: that call will ask again." if removed else "That rule no longer exists."
     return Notice(conv.row.key, text)

@@ -360,3 +360,19 @@ def test_a_store_path_that_cannot_be_the_database_is_one_line_and_exit_2(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "store.path" in lines[0] and where in lines[0], lines
     assert (tmp_path / "not-a-db.txt").read_text() == "notes, not a database\n"
+
+
+async def test_the_terminal_revokes_a_rule_by_number_and_status_counts_after_new(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    config = write_config(tmp_path, model)
+    model.script(
+        Reply(tool_calls=[ToolCallSpec("shell", {"command": "echo one"})], usage=(1000, 50)),
+        Reply(text="Ran it.", usage=(1100, 10)),
+    )
+    code, out, err = await tandem(config, model,
+                                  "run it\na\n/approvals\n/revoke 1\n/approvals\n/new\n/status\n")
+    assert code == 0, err
+    assert "1. shell: echo one" in out and "Revoke 1: /revoke " in out  # typed, not a button
+    assert "Rule revoked: that call will ask again." in out
+    assert "No standing \"always\" rules in this chat." in out
+    assert "This conversation: 0 prompt + 0 completion tokens, $0.0000" in out

@@ -108,8 +108,9 @@ class PostgresStore(PostgresStanding):
         return None if row is None else ConvRow(row[3], conv_key(row), *row[4:])
 
     async def new_session(self, conv_id: int) -> int:
-        row = await self._row("UPDATE conversations SET session = session + 1 WHERE id=%s"
-                              " RETURNING session", (conv_id,))
+        row = await self._row("UPDATE conversations SET session = session + 1,"
+                              " prompt_tokens = 0, completion_tokens = 0, cost = 0"
+                              " WHERE id=%s RETURNING session", (conv_id,))
         if row is None:
             raise StoreError(f"no conversation {conv_id}")
         return int(row[0])

@@ -108,7 +108,8 @@ class SQLiteStore(SQLiteStanding):
 
     async def new_session(self, conv_id: int) -> int:
         def fn(db: sqlite3.Connection) -> int:
-            db.execute("UPDATE conversations SET session = session + 1 WHERE id=?", (conv_id,))
+            db.execute("UPDATE conversations SET session = session + 1, prompt_tokens = 0,"
+                       " completion_tokens = 0, cost = 0 WHERE id=?", (conv_id,))
             return int(db.execute("SELECT session FROM conversations WHERE id=?",
                                   (conv_id,)).fetchone()[0])
 
