@@ -47,7 +47,8 @@ def unusable(path: Path) -> str | None:
             break
     if path.is_file() and path.stat().st_size:
         with path.open("rb") as f:
-            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+            head = f.read(len(SQLITE_HEADER))
+            if head != SQLITE_HEADER and head.strip(b"\x00"):  # zeros: SQLite decides
                 return "exists and is not a SQLite database (pick another store.path)"
     return None
 
