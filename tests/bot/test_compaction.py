@@ -267,7 +267,7 @@ async def test_a_model_error_gives_none(
     model.script(Reply(fault="500"))
     assert await summarize(client(tmp_path, model), DROPPED, None, 800) is None
     assert len(warnings_of(caplog)) == 1
-    assert "ModelError" in warnings_of(caplog)[0]
+    assert "ModelUnreachable" in warnings_of(caplog)[0]
 
 
 async def test_an_oversized_summary_gives_none(

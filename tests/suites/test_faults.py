@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from bot.errors import USER_MESSAGES, ModelError, ModelRateLimited, ModelStreamCut, StoreError
+from bot.errors import USER_MESSAGES, ModelRateLimited, ModelStreamCut, StoreError
 from bot.events import ApprovalRequested, Decision, Notice, TurnEnded, Verdict
 from tests.conftest import Core, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
@@ -37,7 +37,14 @@ from tests.suites.harness import (
     tg_rig,
 )
 
-UNREACHABLE = USER_MESSAGES[ModelError]
+SERVER_500, NO_ANSWER = "the server answered 500", "no answer within 0.5 s"
+
+
+def unreachable(model: FakeModelServer, why: str = SERVER_500) -> str:
+    """What the chat shows when the model keeps failing: why, and where."""
+    return f"The model call failed: {why} ({model.api_base}). Please try again in a moment."
+
+
 RATE_LIMITED = USER_MESSAGES[ModelRateLimited]
 CUT_OFF = USER_MESSAGES[ModelStreamCut].format(cause="the connection was lost")
 LIST = ToolCallSpec("list_dir", {"path": "."})
@@ -112,8 +119,8 @@ async def test_one_model_fault_is_retried_and_the_answer_arrives(
     assert roles(model)[1:] == ["user", "assistant", "user"]  # the failure left nothing behind
 
 
-@pytest.mark.parametrize(("kind", "message"), [("429", RATE_LIMITED), ("500", UNREACHABLE),
-                                               ("hang", UNREACHABLE), ("drop", CUT_OFF)])
+@pytest.mark.parametrize(("kind", "message"), [("429", RATE_LIMITED), ("500", SERVER_500),
+                                               ("hang", NO_ANSWER), ("drop", CUT_OFF)])
 async def test_a_persistent_model_fault_ends_with_a_short_clear_message(
         kind: str, message: str, model: FakeModelServer,
         config_factory: Callable[..., Any]) -> None:
@@ -125,6 +132,8 @@ async def test_a_persistent_model_fault_ends_with_a_short_clear_message(
         took = time.monotonic() - started
         await core.say("question two")
         second = (await core.sink.ended(2))[-1]
+    if kind in ("500", "hang"):
+        message = unreachable(model, message)
     assert (ended.text, ended.reason) == (message, "error")
     assert len(ended.text) < 120 and "partial" not in ended.text
     assert took < 10
@@ -158,7 +167,7 @@ async def test_the_model_failing_after_a_tool_call_keeps_the_history_valid(
         [ended] = await core.sink.ended()
         await core.say("try again")
         second = (await core.sink.ended(2))[-1]
-    assert (ended.text, ended.reason) == (UNREACHABLE, "error")
+    assert (ended.text, ended.reason) == (unreachable(model), "error")
     assert second.text == "Recovered."
     assert roles(model)[1:] == ["user", "assistant", "tool", "user"]
 
@@ -177,7 +186,7 @@ async def test_a_model_fault_while_an_approval_resumes(model: FakeModelServer,
         ended = await core.sink.ended(1)
         await core.say("and?")
         last = (await core.sink.ended(2))[-1]
-    assert ended[-1].text == UNREACHABLE
+    assert ended[-1].text == unreachable(model)
     assert (tmp_path / "workspace" / "out.txt").read_text() == "hi\n"
     assert last.text == "Done now."
 
@@ -236,11 +245,11 @@ async def test_telegram_shows_a_model_failure_in_place_of_the_answer(
     model.script(fault("500"), fault("500"), Reply(text="Fine now."))
     async with tg_rig(tmp_path, model, tg) as r:
         tg.push_message(ANN, ANN, "hi")
-        await r.answered(ANN, UNREACHABLE)
+        await r.answered(ANN, unreachable(model))
         tg.push_message(ANN, ANN, "again")
         await r.answered(ANN, "Fine now.")
         await r.hub.idle()
-    assert tg.bot_texts(ANN) == [UNREACHABLE, "Fine now."]
+    assert tg.bot_texts(ANN) == [unreachable(model), "Fine now."]
 
 
 async def test_telegram_5xx_on_the_placeholder_and_the_final_edit(
@@ -459,12 +468,13 @@ async def test_slack_shows_a_model_failure_in_place_of_the_answer(
     model.script(fault("hang"), fault("hang"), Reply(text="Fine now."))
     async with SlackRig(slack, model, tmp_path, "socket", llm__timeout_s=0.5) as rig:
         await rig.say("D1", "U1", "hi")
-        await rig.wait_text("D1", UNREACHABLE, timeout=15)
+        await rig.wait_text("D1", "The model call failed: no answer within 0.5 s", timeout=15)
         await rig.settle()
         await rig.say("D1", "U1", "again")
         await rig.wait_text("D1", "Fine now.")
         await rig.settle()
-    assert rig.texts("D1") == [UNREACHABLE, "Fine now."]
+    failed, fine = rig.texts("D1")
+    assert failed.startswith(f"The model call failed: {NO_ANSWER} (") and fine == "Fine now."
     assert not any(b["type"] == "actions" for m in slack.bot_messages("D1")
                    for b in m.blocks or [])
 
