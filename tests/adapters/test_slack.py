@@ -1044,11 +1044,12 @@ LONG = " ".join(f"word{i}" for i in range(150))
 
 @pytest.mark.parametrize("channel", ["D1", "C1"])
 async def test_a_thread_answer_streams_at_most_once_a_second(
-        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path, channel: str) -> None:
+        model: FakeModelServer, tmp_path: Path, channel: str) -> None:
     model.script(Reply(text="First."), Reply(text=LONG, chunk_size=12, chunk_delay=0.03))
     kind = "im" if channel == "D1" else "channel"
-    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
-                   placeholder_delay=0.5) as rig:
+    async with FakeSlackServer() as fake, \
+            Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
+                placeholder_delay=0.5) as rig:  # Slack's rate limits on
         root = await rig.say(channel, "U1", "start", channel_type=kind, mention=kind != "im")
         thread = root["ts"]
         await rig.wait_text(channel, "First.", thread=thread if kind != "im" else None)
@@ -1072,12 +1073,13 @@ async def test_a_thread_answer_streams_at_most_once_a_second(
 
 
 async def test_a_refused_stream_falls_back_to_updates_paced_to_the_last(
-        fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
-    fake.refuse_streams = True
+        model: FakeModelServer, tmp_path: Path) -> None:
     model.script(Reply(text="First."), Reply(text=LONG, chunk_size=12, chunk_delay=0.03),
                  Reply(text="Again."))
-    async with Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
-                   placeholder_delay=0.5) as rig:
+    async with FakeSlackServer() as fake, \
+            Rig(fake, model, tmp_path, "socket", edit_interval=1.0,
+                placeholder_delay=0.5) as rig:  # Slack's rate limits on
+        fake.refuse_streams = True
         root = await rig.say("D1", "U1", "start")
         await rig.wait_text("D1", "First.")
         await rig.settle()
@@ -1092,6 +1094,7 @@ async def test_a_refused_stream_falls_back_to_updates_paced_to_the_last(
     assert answer.stream is None and len(answer.edits) >= 2
     updates = [c.time for c in fake.calls_to("chat.update") if c.params.get("ts") == answer.ts]
     assert len(updates) >= 2 and min(_gaps(updates)) >= 0.95  # the final one too
+    assert fake.rate_limited == []
 
 
 @pytest.mark.parametrize("refused", [False, True])
