@@ -10,13 +10,13 @@ None when it is not for Tandem), Slack's markup as plain text, `/commands`.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from adapters.live import THINKING, split_text
+from adapters.markdown_blocks import FENCE, cells, fence_body, table_end, unquote, width
 from adapters.slack_files import attachments as shared_files
 from bot.buttons import ApprovalButton, CancelButton, pack
 from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
@@ -45,11 +45,6 @@ _USER_ID = re.compile(r"[UW][A-Z0-9]+")
 
 # ---- Markdown -> mrkdwn ----------------------------------------------------------------
 
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
-_FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
-_QUOTE_MARK = re.compile(r"^ {0,3}>[ \t]?")
-_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \t]*)?$"
-                         r"|^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$")
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)([^\n]+?)(?<!`)\1(?!`)")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\([ \t]*<?((?:[^()\s<>]|\([^()\s<>]*\))+)>?"
                    r"(?:[ \t]+\"[^\"\n]*\")?[ \t]*\)")
@@ -112,9 +107,9 @@ def to_mrkdwn(markdown: str) -> str:
     prose: list[str] = []
     i = 0
     while i < len(lines):
-        inner, quoted = _unquote(lines[i])
-        fence = _FENCE.match(inner)
-        table = _table_end(lines, i, quoted) if "|" in inner and not fence else 0
+        inner, quoted = unquote(lines[i])
+        fence = FENCE.match(inner)
+        table = table_end(lines, i, quoted) if "|" in inner and not fence else 0
         if not fence and not table:
             prose.append(f"> {inner}" if quoted else inner)
             i += 1
@@ -126,7 +121,7 @@ def to_mrkdwn(markdown: str) -> str:
             code, i = _code_block(lines, i + 1, fence, quoted)
             out.append(code)
         else:
-            rows = [_unquote(line)[0] for line in lines[i:table]]
+            rows = [unquote(line)[0] for line in lines[i:table]]
             aligned = _aligned_table(rows)
             if aligned is None:
                 out.append(_inline("\n".join(("> " if quoted else "") + row
@@ -139,33 +134,12 @@ def to_mrkdwn(markdown: str) -> str:
     return "\n".join(out)
 
 
-def _unquote(line: str) -> tuple[str, bool]:
-    """A line without its `>` markers (Slack has one level of quote), and whether it had
-    any."""
-    inner, quoted = line, False
-    while (match := _QUOTE_MARK.match(inner)) is not None:
-        inner, quoted = inner[match.end():], True
-    return inner, quoted
-
-
 def _code_block(lines: list[str], i: int, fence: re.Match[str],
                 quoted: bool) -> tuple[str, int]:
     """The fenced block whose body starts at line `i` as a Slack code block (out of any
-    quote), and the line after its end. An unclosed block runs to the end."""
-    marker = fence.group("fence")
-    indent = len(fence.group("indent").expandtabs(4))
-    body: list[str] = []
-    while i < len(lines):
-        line = _unquote(lines[i])[0] if quoted else lines[i]
-        i += 1
-        close = _FENCE_CLOSE.match(line)
-        if close and close.group("fence")[0] == marker[0] \
-                and len(close.group("fence")) >= len(marker):
-            break
-        strip = len(line) - len(line.lstrip(" "))
-        body.append(line[min(strip, indent):])
-    code = "\n".join(body).strip("\n")
-    return _code(code), i
+    quote), and the line after its end."""
+    body, i = fence_body(lines, i, fence, quoted)
+    return _code("\n".join(body).strip("\n")), i
 
 
 def _code(code: str) -> str:
@@ -173,56 +147,9 @@ def _code(code: str) -> str:
         else "```\n \n```"
 
 
-def _table_end(lines: list[str], i: int, quoted: bool) -> int:
-    """The end (exclusive) of the table whose header is line `i`, or 0 when none starts
-    there: a header row with `|`, a rule like `|---|:--:|`, then rows with `|`."""
-    if i + 1 >= len(lines):
-        return 0
-    header, rule = _unquote(lines[i]), _unquote(lines[i + 1])
-    if header[1] != quoted or rule[1] != quoted or "|" not in header[0] \
-            or "|" not in rule[0] or not _TABLE_RULE.match(rule[0]):
-        return 0
-    end = i + 2
-    while end < len(lines):
-        row, row_quoted = _unquote(lines[end])
-        if row_quoted != quoted or "|" not in row or not row.strip() or _FENCE.match(row):
-            break
-        end += 1
-    return end
-
-
-def _cells(row: str) -> list[str]:
-    """A table row's cells: split at `|` outside code spans; `\\|` is a pipe."""
-    text = row.strip()
-    cells: list[str] = []
-    cell: list[str] = []
-    code = False
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and text[i + 1: i + 2] == "|":
-            cell.append("|")
-            i += 2
-            continue
-        if ch == "`":
-            code = not code
-        if ch == "|" and not code:
-            cells.append("".join(cell))
-            cell = []
-        else:
-            cell.append(ch)
-        i += 1
-    cells.append("".join(cell))
-    if cells and not cells[0].strip() and text.startswith("|"):
-        cells = cells[1:]
-    if cells and not cells[-1].strip() and text.endswith("|") and not text.endswith("\\|"):
-        cells = cells[:-1]
-    return [c.strip() for c in cells]
-
-
 def _table_lines(rows: list[str]) -> list[str]:
     """A table as Markdown lines, one per row: cells between ` | `, the header bold."""
-    head, _, *body = [_cells(row) for row in rows]
+    head, _, *body = [cells(row) for row in rows]
     title = " | ".join(cell.replace("**", "") for cell in head)
     return [f"**{title}**" if title.strip() else "", *(" | ".join(row) for row in body)]
 
@@ -239,32 +166,24 @@ def _aligned_table(rows: list[str]) -> str | None:
     """A table aligned in a code block, or None when it holds links or is too wide."""
     if any(_LINK.search(row) for row in rows):
         return None
-    cells = [_cells(row) for i, row in enumerate(rows) if i != 1]
-    texts = [[_plain(cell) for cell in row] for row in cells]
+    split = [cells(row) for i, row in enumerate(rows) if i != 1]
+    texts = [[_plain(cell) for cell in row] for row in split]
     count = max(len(row) for row in texts)
     texts = [row + [""] * (count - len(row)) for row in texts]
-    rule = _cells(rows[1])
+    rule = cells(rows[1])
     right = [c.endswith(":") and not c.startswith(":") for c in rule] + [False] * count
-    widths = [max(_width(row[c]) for row in texts) for c in range(count)]
+    widths = [max(width(row[c]) for row in texts) for c in range(count)]
     if sum(widths) + 3 * (count - 1) > TABLE_COLUMNS:
         return None
 
     def cell(text: str, c: int) -> str:
-        pad = " " * (widths[c] - _width(text))
+        pad = " " * (widths[c] - width(text))
         return pad + text if right[c] else text + pad
 
     lines = [" | ".join(cell(text, c) for c, text in enumerate(row)).rstrip()
              for row in texts]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return _code("\n".join(lines))
-
-
-def _width(text: str) -> int:
-    """Columns `text` takes in a monospace font (wide characters and most emoji two)."""
-    if text.isascii():
-        return len(text)
-    return sum(0 if unicodedata.combining(ch) or ch in "\u200d\ufe0f" else
-               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def _code_span(match: re.Match[str]) -> str:

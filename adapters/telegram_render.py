@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import html
 import re
-import unicodedata
 
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
-_FENCE_CLOSE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
-_QUOTE = re.compile(r"^ {0,3}>[ \t]?")
+from adapters.markdown_blocks import FENCE, cells, fence_body, table_end, unquote, width
+
 _LANGUAGE = re.compile(r"[\w+#.-]{1,32}")
 _HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
 _RULE = re.compile(r"^ {0,3}(?:([-_])(?:[ \t]*\1){2,}|\*\*\*|\*(?:[ \t]+\*){2,})[ \t]*$")
 """A thematic break: `---`, `___`, `***`, `* * *` (a longer run of stars stays text)."""
 _BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+(?:\[([ xX])\][ \t]+)?(.*)$")
-_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \t]*)?$"
-                         r"|^[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$")
 _TOKEN = re.compile(r"\\[!-/:-@\[-`{-~]|`+|\*{1,3}|__|_|~~|\|\||!?\[|<(?:https?://|mailto:)[^\s<>]+>",
                     re.IGNORECASE)
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\([ \t]*<?((?:[^()\s<>]|\([^()\s<>]*\))+)>?"
@@ -77,14 +73,14 @@ def _blocks(markdown: str, *, compact: bool) -> tuple[str, bool]:
     padded = False
     i = 0
     while i < len(lines):
-        inner, quoted = _unquote(lines[i])
-        fence = _FENCE.match(inner)
-        table = _table_end(lines, i, quoted) if "|" in inner and not fence else 0
+        inner, quoted = unquote(lines[i])
+        fence = FENCE.match(inner)
+        table = table_end(lines, i, quoted) if "|" in inner and not fence else 0
         if fence:
             rendered, i = _code(lines, i + 1, fence, quoted)
             quoted = False  # no <pre> inside a quote: Telegram does not nest them
         elif table:
-            rendered = _table([_unquote(line)[0] for line in lines[i:table]],
+            rendered = _table([unquote(line)[0] for line in lines[i:table]],
                               compact=compact or quoted)
             padded = padded or rendered.startswith("<pre>")
             i = table
@@ -103,15 +99,6 @@ def _blocks(markdown: str, *, compact: bool) -> tuple[str, bool]:
     return "\n".join(out), padded
 
 
-def _unquote(line: str) -> tuple[str, bool]:
-    """A line without its `>` markers (nested quotes are flattened), and whether it had
-    any."""
-    inner, quoted = line, False
-    while (match := _QUOTE.match(inner)) is not None:
-        inner, quoted = inner[match.end():], True
-    return inner, quoted
-
-
 def _blockquote(lines: list[str]) -> str:
     while lines and not lines[-1].strip():
         lines.pop()
@@ -120,27 +107,9 @@ def _blockquote(lines: list[str]) -> str:
 
 def _code(lines: list[str], i: int, fence: re.Match[str], quoted: bool) -> tuple[str, int]:
     """The fenced block whose body starts at line `i`, and the line after its end."""
-    marker = fence.group("fence")
-    indent = len(fence.group("indent").expandtabs(4))
-    body: list[str] = []
-    while i < len(lines):
-        line = _unquote(lines[i])[0] if quoted else lines[i]
-        i += 1
-        close = _FENCE_CLOSE.match(line)
-        if close and close.group("fence")[0] == marker[0] \
-                and len(close.group("fence")) >= len(marker):
-            break
-        body.append(_outdent(line, indent))
+    body, i = fence_body(lines, i, fence, quoted)
     words = fence.group("info").split()
     return _pre(body, words[0] if words else ""), i
-
-
-def _outdent(line: str, indent: int) -> str:
-    """The line without up to `indent` columns of leading spaces (the fence's own)."""
-    strip = 0
-    while strip < len(line) and strip < indent and line[strip] == " ":
-        strip += 1
-    return line[strip:]
 
 
 def _pre(lines: list[str], language: str) -> str:
@@ -170,67 +139,20 @@ def _line(line: str) -> str:
 # -- tables -----------------------------------------------------------------------------
 
 
-def _table_end(lines: list[str], i: int, quoted: bool) -> int:
-    """The end (exclusive) of the table whose header is line `i`, or 0 when none starts
-    there: a header row with `|`, a rule like `|---|:--:|`, then rows with `|`."""
-    if i + 1 >= len(lines):
-        return 0
-    header, rule = _unquote(lines[i]), _unquote(lines[i + 1])
-    if header[1] != quoted or rule[1] != quoted or "|" not in header[0] \
-            or "|" not in rule[0] or not _TABLE_RULE.match(rule[0]):
-        return 0
-    end = i + 2
-    while end < len(lines):
-        row, row_quoted = _unquote(lines[end])
-        if row_quoted != quoted or "|" not in row or not row.strip() or _FENCE.match(row):
-            break
-        end += 1
-    return end
-
-
-def _cells(row: str) -> list[str]:
-    """A table row's cells: split at `|` outside code spans; `\\|` is a pipe."""
-    text = row.strip()
-    cells: list[str] = []
-    cell: list[str] = []
-    code = False
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and text[i + 1: i + 2] == "|":
-            cell.append("|")
-            i += 2
-            continue
-        if ch == "`":
-            code = not code
-        if ch == "|" and not code:
-            cells.append("".join(cell))
-            cell = []
-        else:
-            cell.append(ch)
-        i += 1
-    cells.append("".join(cell))
-    if cells and not cells[0].strip() and text.startswith("|"):
-        cells = cells[1:]
-    if cells and not cells[-1].strip() and text.endswith("|") and not text.endswith("\\|"):
-        cells = cells[:-1]
-    return [c.strip() for c in cells]
-
-
 def _table(lines: list[str], *, compact: bool) -> str:
     """A table: aligned in a monospace block when it is narrow, has no links and is not
     `compact` (inside a quote, where a block cannot go, or when padding would take the
     text past its budget); otherwise one line per row, cells between ` | `, the header
     bold (a wide block wraps on a phone and loses its alignment anyway)."""
-    rows = [_cells(line) for i, line in enumerate(lines) if i != 1]
+    rows = [cells(line) for i, line in enumerate(lines) if i != 1]
     aligns = [("r" if c.endswith(":") and not c.startswith(":") else
                "c" if c.startswith(":") and c.endswith(":") else "l")
-              for c in _cells(lines[1])]
+              for c in cells(lines[1])]
     rendered = [[_inline(cell) for cell in row] for row in rows]
     if not compact and not any("<a " in cell for row in rendered for cell in row):
         texts = [[_visible(cell) for cell in row] for row in rendered]
         block = _aligned(texts, aligns)
-        if max(_width(line) for line in block.split("\n")) <= TABLE_COLUMNS:
+        if max(width(line) for line in block.split("\n")) <= TABLE_COLUMNS:
             return f"<pre>{escape(block)}</pre>"
     head, *body = rendered
     return "\n".join([f"<b>{' | '.join(head)}</b>" if any(head) else "",
@@ -241,23 +163,14 @@ def _visible(rendered: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", rendered))
 
 
-def _width(text: str) -> int:
-    """Columns `text` takes in a monospace font (wide East Asian characters and most
-    emoji take two; joiners and combining marks none)."""
-    if text.isascii():
-        return len(text)
-    return sum(0 if unicodedata.combining(ch) or ch in "\u200d\ufe0f" else
-               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
 def _aligned(rows: list[list[str]], aligns: list[str]) -> str:
     count = max(len(row) for row in rows)
     rows = [row + [""] * (count - len(row)) for row in rows]
     aligns = (aligns + ["l"] * count)[:count]
-    widths = [max(_width(row[c]) for row in rows) for c in range(count)]
+    widths = [max(width(row[c]) for row in rows) for c in range(count)]
 
     def cell(text: str, c: int) -> str:
-        pad = widths[c] - _width(text)
+        pad = widths[c] - width(text)
         if aligns[c] == "r":
             return " " * pad + text
         if aligns[c] == "c":
