@@ -17,10 +17,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 Ref = TypeVar("Ref")
+Key = TypeVar("Key")
 FENCE = "```"
 FINAL_DEADLINE_S = 600.0
 THINKING = "⏳ Thinking…"
@@ -249,3 +250,38 @@ class LiveMessage(Generic[Ref]):
                         return None
                     raise
                 await asyncio.sleep(exc.seconds)
+
+
+class _Shows(Protocol[Ref]):  # a LiveMessage, or what stands in for one (a stream)
+    @property
+    def refs(self) -> list[Ref]: ...
+
+    async def finish(self, text: str) -> None: ...
+
+
+class Paused(Generic[Key, Ref]):
+    """The placeholders of turns waiting for an approval (each saying so), by
+    conversation. When the turn goes on, its placeholder loses the "waiting" line, or is
+    deleted when that was all it said; a turn that ends while waiting ends in it."""
+
+    def __init__(self, delete: Callable[[Key, Ref], Awaitable[None]]) -> None:
+        self._delete = delete
+        self._waiting: dict[Key, tuple[_Shows[Ref], str]] = {}
+
+    def park(self, key: Key, live: _Shows[Ref], said: str) -> None:
+        """`live` now shows `paused_for_approval(said)`."""
+        self._waiting[key] = (live, said)
+
+    async def settle(self, key: Key, text: str | None = None) -> bool:
+        """The waiting placeholder of `key` becomes `text` (the turn's end), or what the
+        model had said; False when there is none."""
+        paused = self._waiting.pop(key, None)
+        if paused is None:
+            return False
+        live, said = paused
+        if text is not None or said.strip():
+            await live.finish(text if text is not None else said)
+        else:
+            for ref in live.refs:
+                await self._delete(key, ref)
+        return True

@@ -64,6 +64,7 @@ from adapters.live import (
     QUEUED,
     THINKING,
     LiveMessage,
+    Paused,
     RetryLater,
     paused_for_approval,
 )
@@ -291,7 +292,7 @@ class SlackAdapter:
         self._cards: OrderedDict[str, tuple[str, str, list[render.Block]]] = OrderedDict()
         self._card_at: OrderedDict[tuple[str, str], str] = OrderedDict()
         """(channel, ts) of decided cards: their approvals (a press on one is told so)."""
-        self._paused: dict[ConvKey, tuple[Live | SlackStream, str]] = {}
+        self._paused: Paused[ConvKey, str | None] = Paused(self._delete)
         """A turn waiting for approval: its placeholder (saying so) and its text."""
         self._askers: OrderedDict[ConvKey, str] = OrderedDict()
         """Who last spoke to Tandem in each conversation (a stream in a channel is for
@@ -706,7 +707,7 @@ class SlackAdapter:
             case TurnStarted():
                 if (old := self._live.pop(conv, None)) is not None:
                     await old.close()
-                await self._unpause(conv)
+                await self._paused.settle(conv)
                 live = self._live[conv] = self._new_stream(conv, event.turn) or \
                     self._new_live(conv, event.turn)
                 await live.open(THINKING, delay=self.placeholder_delay)
@@ -732,7 +733,7 @@ class SlackAdapter:
         elif waiting is not None:
             await waiting.finish(paused_for_approval(text))
             await waiting.close()
-            self._paused[conv] = (waiting, text)
+            self._paused.park(conv, waiting, text)
 
     async def _ended(self, event: TurnEnded) -> None:
         conv, text = event.conv, event.text
@@ -744,25 +745,13 @@ class SlackAdapter:
         if ending is not None:
             await ending.finish(text)
             await ending.close()
-        elif not await self._unpause(conv, text):
+        elif not await self._paused.settle(conv, text):
             await self._post(conv, text)
 
-    async def _unpause(self, conv: ConvKey, text: str | None = None) -> bool:
-        """The placeholder of a turn that waited for approval: it becomes `text` (the
-        turn's end), else loses its "waiting" line, or goes when that was all it said."""
-        paused = self._paused.pop(conv, None)
-        if paused is None:
-            return False
-        live, said = paused
-        if text is not None or said.strip():
-            await live.finish(text if text is not None else said)
-            return True
-        for ts in live.refs:
-            if ts is not None:
-                await self._delete(conv.chat_id, ts)
-        return True
-
-    async def _delete(self, channel: str, ts: str) -> None:
+    async def _delete(self, conv: ConvKey, ts: str | None) -> None:
+        if ts is None:
+            return
+        channel = conv.chat_id
         try:
             await self._call(partial(self.client.chat_delete, channel=channel, ts=ts),
                              deadline=30.0, channel=channel)

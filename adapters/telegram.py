@@ -52,6 +52,7 @@ from adapters.live import (
     QUEUED,
     THINKING,
     LiveMessage,
+    Paused,
     RetryLater,
     paused_for_approval,
     split_text,
@@ -161,7 +162,7 @@ class TelegramAdapter:
         self._cards: dict[str, _Card] = {}
         self._unshown: OrderedDict[str, str] = OrderedDict()
         """Outcome lines of approvals resolved while their card was unknown."""
-        self._paused: dict[ConvKey, tuple[LiveMessage[Posted], str]] = {}
+        self._paused: Paused[ConvKey, Posted] = Paused(lambda _, ref: self.api.delete(ref))
         """A turn waiting for approval: its placeholder (saying so) and its text."""
         self._no_drafts: set[int] = set()
         """Private chats where Telegram refused a draft."""
@@ -482,7 +483,7 @@ class TelegramAdapter:
         old = self._turns.pop(conv, None)
         if old is not None:
             await self._end(old)
-        await self._unpause(conv)
+        await self._paused.settle(conv)
         chat, thread = _where(conv)
         live = self._new_draft(conv, number) if self._drafts(chat) \
             else self._new_live(conv, number)
@@ -504,20 +505,6 @@ class TelegramAdapter:
         return Draft(self.api, chat, thread, number, limit=MAX_TEXT, render=self.render,
                      send=send, fallback=lambda: self._new_live(conv, number),
                      refused=self._no_drafts.add)
-
-    async def _unpause(self, conv: ConvKey, text: str | None = None) -> bool:
-        """The placeholder of a turn that waited for approval: it becomes `text` (the
-        turn's end), else loses its "waiting" line, or goes when that was all it said."""
-        paused = self._paused.pop(conv, None)
-        if paused is None:
-            return False
-        live, said = paused
-        if text is not None or said.strip():
-            await live.finish(text if text is not None else said)
-        else:
-            for ref in live.refs:
-                await self.api.delete(ref)
-        return True
 
     def _new_live(self, conv: ConvKey, number: int) -> LiveMessage[Posted]:
         """The turn's live message; where its placeholder lands is kept in the store."""
@@ -602,7 +589,7 @@ class TelegramAdapter:
             await live.close()
             return
         if turn is None:
-            if not await self._unpause(conv, text):  # ended while waiting for approval
+            if not await self._paused.settle(conv, text):  # ended while waiting for approval
                 await self._notice(conv, text, ())
             return
         await self._stop_typing(turn)
@@ -626,7 +613,7 @@ class TelegramAdapter:
         assert placeholder is not None
         await placeholder.finish(paused_for_approval(event.text))
         await placeholder.close()
-        self._paused[event.conv] = (placeholder, event.text)
+        self._paused.park(event.conv, placeholder, event.text)
 
     async def _approval_requested(self, event: ApprovalRequested) -> None:
         turn = self._turns.get(event.conv)
