@@ -295,20 +295,27 @@ def test_the_license_file_is_the_one_pyproject_names() -> None:
     assert (root / "LICENSE").read_text().startswith("MIT License")
 
 
+async def run_telegram(tmp_path: Path, model: FakeModelServer, base_url: str,
+                       token: str) -> tuple[int, str]:
+    """`tandem run` with Telegram at `base_url`: its exit status and what it wrote to
+    stderr."""
+    config = write_config(tmp_path, model, telegram={
+        "enabled": True, "token": token, "base_url": base_url, "allowed_users": [42]})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", "--config", str(config),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
 async def test_a_token_telegram_rejects_is_one_line_and_exit_2(model: FakeModelServer,
                                                                tmp_path: Path) -> None:
     from tests.fakes.telegram_server import FakeTelegram
 
     async with FakeTelegram(token="123:RIGHT") as fake:
-        config = write_config(tmp_path, model, telegram={
-            "enabled": True, "token": "123:WRONG", "base_url": f"{fake.url}/bot",
-            "allowed_users": [42]})
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", "--config", str(config),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-    text = err.decode()
-    assert proc.returncode == 2, text
+        code, text = await run_telegram(tmp_path, model, f"{fake.url}/bot", "123:WRONG")
+    assert code == 2, text
     assert "telegram.token" in text and "rejected" in text and "Traceback" not in text
 
 
@@ -319,16 +326,10 @@ async def test_telegram_unreachable_at_start_is_one_line(model: FakeModelServer,
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = write_config(tmp_path, model, telegram={
-        "enabled": True, "token": "123:ABC", "base_url": f"http://127.0.0.1:{port}/bot",
-        "allowed_users": [42]})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", "--config", str(config),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(model), cwd=tmp_path)
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    lines = [line for line in err.decode().splitlines() if line.strip()]
-    assert proc.returncode == 1, lines
-    assert "Traceback" not in err.decode() and len(lines) <= 2, lines
+    code, text = await run_telegram(tmp_path, model, f"http://127.0.0.1:{port}/bot", "123:ABC")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 1, lines
+    assert "Traceback" not in text and len(lines) <= 2, lines
     assert any(f"cannot reach http://127.0.0.1:{port}" in line for line in lines), lines
 
 
