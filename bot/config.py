@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from bot.errors import ConfigError
+from bot.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
 from bot.redact import SECRET_NAME as _SECRET_NAME
 from bot.sections import (
     McpConfig,
@@ -96,6 +97,7 @@ class Limits(Section):
     shell_timeout_s: float = Field(default=120.0, gt=0)
     max_message_chars: int = Field(default=200_000, ge=100)
     breakers: Breakers = Field(default_factory=Breakers)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
 
 
 class ApprovalsConfig(Section):
@@ -247,6 +249,9 @@ class Config(Section):
     mcp: McpConfig = Field(default_factory=McpConfig)
     media: MediaConfig = Field(default_factory=MediaConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     source: str | None = None
     """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
 

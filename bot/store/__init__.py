@@ -115,6 +115,32 @@ class JobRow:
     """A one-shot job's time, or when a recurring job was created (intervals count from it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One entry of the audit log: what happened (`kind`), where, who did it, to which
+    tool, and the rest as JSON (`detail`)."""
+
+    at: float
+    kind: str
+    """asked | decided | rule | tool | refused | budget"""
+    conv: str = ""
+    """The conversation (`ConvKey` as text), or "" (a refused stranger's DM, say)."""
+    actor: str = ""
+    tool: str = ""
+    detail: str = "{}"
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a scope (a person, a conversation) spent on a day, and whether an approver
+    lifted its budget for that day."""
+
+    tokens: int = 0
+    cost: float = 0.0
+    lifted: bool = False
+
+
 class Store(Protocol):
     # -- plumbing
     async def open(self) -> None:
@@ -230,3 +256,21 @@ class Store(Protocol):
     async def untrack_process(self, pid: int, owner: str = "") -> None: ...
     async def tracked_processes(self, owner: str = "") -> list[int]: ...
     async def forget_processes(self, owner: str = "") -> None: ...
+
+    # -- the audit log (append-only: nothing here updates or deletes an entry but the
+    # pruning of old ones)
+    async def append_audit(self, rows: Sequence[AuditRow]) -> None: ...
+    async def audit(self, *, since: float | None = None, conv: str | None = None,
+                    limit: int = 1000) -> list[AuditRow]:
+        """The latest `limit` entries (of `conv`, from `since` on), oldest first."""
+    async def prune_audit(self, before: float) -> int:
+        """Delete the entries older than `before`; how many went."""
+
+    # -- spending (budgets): scopes are "user:<platform>:<id>" and "conv:<id>"
+    async def add_spend(self, day: str, scopes: Sequence[str], tokens: int,
+                        cost: float) -> None:
+        """Add to each scope's spending of `day`, in one commit."""
+    async def spent(self, day: str, scopes: Sequence[str]) -> dict[str, Spent]:
+        """Each scope's spending of `day` (scopes with none are left out)."""
+    async def lift_budget(self, day: str, scope: str) -> None:
+        """The scope's budget does not apply for the rest of `day`."""

@@ -19,7 +19,7 @@ VERSION_TABLE = ("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRI
                  " applied_at DOUBLE PRECISION NOT NULL)")
 
 TABLES = ("schema_version", "conversations", "messages", "turns", "tool_calls", "approvals",
-          "rules", "inbound", "jobs", "processes", "summaries")
+          "rules", "inbound", "jobs", "processes", "summaries", "audit", "spend")
 
 MIGRATIONS: list[str] = [
     """
@@ -96,5 +96,32 @@ MIGRATIONS: list[str] = [
     ALTER TABLE turns ADD COLUMN live TEXT;
     CREATE INDEX turns_unshown ON turns (conv_id) WHERE unshown IS NOT NULL;
     CREATE INDEX inbound_by_conv ON inbound (conv);
+    """,
+    # v5: the audit log (append-only: the trigger refuses any update, and the deletion of
+    # an entry less than a day old, whoever asks) and each day's spending per person and
+    # per conversation (budgets)
+    """
+    CREATE TABLE audit (
+        id BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL,
+        conv TEXT NOT NULL DEFAULT '', actor TEXT NOT NULL DEFAULT '',
+        tool TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL);
+    CREATE INDEX audit_by_conv ON audit (conv, id);
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE FUNCTION tandem_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' THEN
+            RAISE EXCEPTION 'the audit log is append-only';
+        END IF;
+        IF OLD.at > extract(epoch FROM now()) - 86400 THEN
+            RAISE EXCEPTION 'the audit log is append-only (pruned after a day at least)';
+        END IF;
+        RETURN OLD;
+    END $$;
+    CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit
+        FOR EACH ROW EXECUTE FUNCTION tandem_audit_append_only();
+    CREATE TABLE spend (
+        day TEXT NOT NULL, scope TEXT NOT NULL, tokens BIGINT NOT NULL DEFAULT 0,
+        cost DOUBLE PRECISION NOT NULL DEFAULT 0, lifted BOOLEAN NOT NULL DEFAULT FALSE,
+        PRIMARY KEY (day, scope));
     """,
 ]

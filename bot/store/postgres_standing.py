@@ -6,14 +6,15 @@ import time
 
 from bot.events import ConvKey
 from bot.store import JobRow, RuleRow, new_id
-from bot.store.postgres_base import PostgresBase, Row, conv_key
+from bot.store.postgres_base import Row, conv_key
+from bot.store.postgres_ledger import PostgresLedger
 
 
 def _job(r: Row) -> JobRow:
     return JobRow(r[0], r[1], conv_key(r, 2), r[5], r[6], r[7], r[8], r[9], r[10], r[11])
 
 
-class PostgresStanding(PostgresBase):
+class PostgresStanding(PostgresLedger):
     # -- rules ------------------------------------------------------------------------
 
     async def add_rule(self, conv_id: int, tool: str, key: str) -> None:

@@ -132,9 +132,8 @@ class SQLiteBase:
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             db.execute("BEGIN IMMEDIATE")
             try:
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _statements(script):
+                    db.execute(statement)
                 db.execute(f"PRAGMA user_version={number}")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -143,3 +142,18 @@ class SQLiteBase:
 
     async def integrity_check(self) -> str:
         return await self._run(lambda db: str(db.execute("PRAGMA integrity_check").fetchone()[0]))
+
+
+def _statements(script: str) -> list[str]:
+    """A script's statements: split on ";" where a statement is complete (a trigger's
+    body holds semicolons of its own)."""
+    out, buf = [], ""
+    for piece in script.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n;"):
+                out.append(buf)
+            buf = ""
+    if buf.strip(" \n;"):
+        out.append(buf)
+    return out

@@ -1,6 +1,6 @@
 """The SQLite schema as versioned migrations (`PRAGMA user_version` counts them).
 
-Each script runs in one transaction, split on ";" (so no statement contains one).
+Each script runs in one transaction, statement by statement (a trigger's body is one).
 3: turns and tool calls are keyed by session (a provider's reused call ids and the
 turn numbers of a new session no longer collide); approvals know their session;
 summaries of trimmed turns.
@@ -137,5 +137,25 @@ MIGRATIONS: list[str] = [
     ALTER TABLE turns ADD COLUMN live TEXT;
     CREATE INDEX turns_unshown ON turns (conv_id) WHERE unshown IS NOT NULL;
     CREATE INDEX inbound_by_conv ON inbound (conv);
+    """,
+    # v8: the audit log (append-only: the triggers refuse any update, and the deletion of
+    # an entry less than a day old, whoever asks) and each day's spending per person and
+    # per conversation (budgets)
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY, at REAL NOT NULL, kind TEXT NOT NULL,
+        conv TEXT NOT NULL DEFAULT '', actor TEXT NOT NULL DEFAULT '',
+        tool TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL);
+    CREATE INDEX audit_by_conv ON audit (conv, id);
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_no_early_delete BEFORE DELETE ON audit
+        WHEN OLD.at > CAST(strftime('%s', 'now') AS REAL) - 86400
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only (pruned after a day at least)'); END;
+    CREATE TABLE spend (
+        day TEXT NOT NULL, scope TEXT NOT NULL, tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0, lifted INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (day, scope));
     """,
 ]

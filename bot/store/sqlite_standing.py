@@ -8,10 +8,11 @@ from typing import Any
 
 from bot.events import ConvKey
 from bot.store import JobRow, RuleRow, new_id
-from bot.store.sqlite_base import SQLiteBase, conv_key
+from bot.store.sqlite_base import conv_key
+from bot.store.sqlite_ledger import SQLiteLedger
 
 
-class SQLiteStanding(SQLiteBase):
+class SQLiteStanding(SQLiteLedger):
     # -- rules ------------------------------------------------------------------------
 
     async def add_rule(self, conv_id: int, tool: str, key: str) -> None:

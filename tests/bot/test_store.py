@@ -14,6 +14,7 @@ import hashlib
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from bot.errors import StoreError
 from bot.events import ConvKey
 from bot.history import CallState, Msg, Outcome, ToolCall, tool_result
 from bot.media import Media
-from bot.store import ApprovalRow, ConvRow, JobRow, Store, TurnRow, new_id
+from bot.store import ApprovalRow, AuditRow, ConvRow, JobRow, Spent, Store, TurnRow, new_id
 from bot.store.backends import open_store
 from bot.store.postgres import PostgresStore, migrate
 from bot.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
@@ -1189,3 +1190,58 @@ async def test_postgresql_one_inbound_begins_one_turn_from_two_workers(
     assert await a.unprocessed_inbound() == []
     last = await b.last_turn(conv.id, 1)
     assert last is not None and (last.turn, last.status) == (1, "running")
+
+
+# -- the audit log and the spending ledger -------------------------------------------
+
+
+async def _raw(store: Store, sql: str) -> None:
+    """A statement on the store's own connection (what a bug in the store would run)."""
+    if isinstance(store, SQLiteStore):
+        await store._run(lambda db: db.execute(sql))
+    else:
+        assert isinstance(store, PostgresStore)
+        await store._count(sql)
+
+
+async def test_audit_entries_append_and_read_back_by_conversation_and_time(
+        store: Store) -> None:
+    now = time.time()
+    await store.append_audit([
+        AuditRow(now - 10, "asked", "telegram:1", "42", "shell", '{"call": "ls"}'),
+        AuditRow(now - 5, "decided", "telegram:1", "7", "shell", '{"status": "approved"}'),
+        AuditRow(now, "refused", "", "99", "", '{"what": "access"}')])
+    rows = await store.audit()
+    assert [r.kind for r in rows] == ["asked", "decided", "refused"]
+    assert rows[1].actor == "7" and rows[1].detail == '{"status": "approved"}'
+    assert [r.kind for r in await store.audit(conv="telegram:1")] == ["asked", "decided"]
+    assert [r.kind for r in await store.audit(since=now - 6)] == ["decided", "refused"]
+    assert [r.kind for r in await store.audit(limit=1)] == ["refused"]
+
+
+async def test_the_audit_log_refuses_updates_and_early_deletes(store: Store) -> None:
+    now = time.time()
+    await store.append_audit([AuditRow(now - 3 * 86400, "tool", "c", "1", "shell", "{}"),
+                              AuditRow(now, "tool", "c", "1", "shell", "{}")])
+    with pytest.raises(StoreError, match="append-only"):
+        await _raw(store, "UPDATE audit SET kind = 'nothing'")
+    with pytest.raises(StoreError, match="append-only"):
+        await _raw(store, "DELETE FROM audit")
+    assert len(await store.audit()) == 2
+    with pytest.raises(StoreError, match="append-only"):  # pruning cannot reach today
+        await store.prune_audit(now + 1)
+    assert await store.prune_audit(now - 86400) == 1
+    assert [r.at for r in await store.audit()] == [now]
+
+
+async def test_spending_adds_up_per_day_and_scope_and_a_lift_is_kept(store: Store) -> None:
+    await store.add_spend("2026-12-03", ["user:telegram:1", "conv:5"], 100, 0.5)
+    await store.add_spend("2026-12-03", ["user:telegram:1", "conv:6"], 20, 0.0)
+    await store.add_spend("2026-12-04", ["user:telegram:1"], 1, 0.0)
+    spent = await store.spent("2026-12-03", ["user:telegram:1", "conv:5", "conv:7"])
+    assert spent == {"user:telegram:1": Spent(120, 0.5, False), "conv:5": Spent(100, 0.5, False)}
+    await store.lift_budget("2026-12-03", "conv:5")
+    await store.lift_budget("2026-12-03", "conv:9")
+    spent = await store.spent("2026-12-03", ["conv:5", "conv:9"])
+    assert spent == {"conv:5": Spent(100, 0.5, True), "conv:9": Spent(0, 0.0, True)}
+    assert (await store.spent("2026-12-04", ["conv:5"])) == {}

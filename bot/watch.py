@@ -1,0 +1,140 @@
+"""What Tandem did, told to whoever watches: the audit log and the metrics.
+
+The core says each fact once (`Watch.see`) where it happens; a `Watcher` takes the ones
+it cares about. The audit log (`bot.audit`) appends them to the store; the metrics
+(`bot.metrics`) count them. With nobody watching, saying a fact costs one call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.events import ConvKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """An approval card was posted."""
+
+    conv: ConvKey
+    approval_id: str
+    tool: str
+    call: str
+    """The exact call as the card shows it (redacted)."""
+    requester: str
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """An approval was decided: approved, denied, always, expired, cancelled, superseded."""
+
+    conv: ConvKey
+    approval_id: str
+    tool: str
+    call: str
+    status: str
+    by: str | None
+    """Who pressed (None: nobody; it expired or the turn moved on)."""
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RuleChanged:
+    """A standing rule ("always in this chat") was added or revoked."""
+
+    conv: ConvKey
+    tool: str
+    key: str
+    change: str
+    """added | revoked"""
+    by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRan:
+    conv: ConvKey
+    tool: str
+    call: str
+    """The call's rendered arguments (redacted)."""
+    outcome: str
+    seconds: float
+    requester: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Someone was turned away: a stranger's message (`access`) or a press that could
+    not count (`press`)."""
+
+    platform: str
+    user: str
+    what: str
+    """access | press"""
+    why: str
+    conv: ConvKey | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCalled:
+    model: str
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone:
+    conv: ConvKey
+    reason: str
+    """The exit reason (answered, cancelled, max_steps, …)."""
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformCall:
+    """A platform API call that failed (`status` its HTTP status; 429: rate limited)."""
+
+    platform: str
+    method: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetReached:
+    conv: ConvKey
+    user: str
+    scope: str
+    """user | conversation"""
+
+
+Fact = (Asked | Decided | RuleChanged | ToolRan | Refused | ModelCalled | TurnDone
+        | PlatformCall | BudgetReached)
+
+
+class Watcher(Protocol):
+    async def see(self, fact: Fact) -> None: ...
+
+
+class Watch:
+    """Hands each fact to every watcher; a watcher that fails is logged, never the
+    caller's problem (a turn does not fail because a counter did)."""
+
+    def __init__(self, watchers: list[Watcher] | None = None) -> None:
+        self.watchers: list[Watcher] = list(watchers or [])
+
+    def add(self, watcher: Watcher) -> None:
+        self.watchers.append(watcher)
+
+    async def see(self, fact: Fact) -> None:
+        for watcher in self.watchers:
+            try:
+                await watcher.see(fact)
+            except Exception:
+                log.warning("could not record %s", type(fact).__name__, exc_info=True)
