@@ -41,6 +41,7 @@ from yarl import URL
 
 from adapters import telegram_render as render
 from adapters.live import FINAL_DEADLINE_S, RetryLater
+from bot.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,11 +100,13 @@ class AiohttpRequest(BaseRequest):
     every request (aiohttp's `trust_env` re-reads them each time). A poll that asks again
     from the offset whose updates it was just given means the library could not parse
     them: that answer goes through `defuse_updates` (only then, as it parses each update
-    once more)."""
+    once more). A call that fails is told to `watch` (`PlatformCall`: its HTTP status, a
+    429 when Telegram limits the rate, 0 when no answer came)."""
 
     def __init__(self, *, read_timeout: float = 5.0, connect_timeout: float = 5.0,
-                 connections: int = 64) -> None:
+                 connections: int = 64, watch: Watch | None = None) -> None:
         self._read, self._connect, self._connections = read_timeout, connect_timeout, connections
+        self.watch = watch
         self._session: aiohttp.ClientSession | None = None
         self._proxies: dict[str, _Proxy] = {}
         self._served_from: object = _NOT_SERVED
@@ -156,11 +159,22 @@ class AiohttpRequest(BaseRequest):
                     if offset == self._served_from:
                         body = defuse_updates(body)
                     self._served_from = offset if b'"update_id"' in body else _NOT_SERVED
+                if reply.status >= 400 and self.watch is not None \
+                        and b"message is not modified" not in body:  # counts as done
+                    await self._failed(url, reply.status)
                 return reply.status, body
         except TimeoutError as exc:
+            await self._failed(url, 0)
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
+            await self._failed(url, 0)
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+    async def _failed(self, url: str, status: int) -> None:
+        if self.watch is not None:
+            method = url.rpartition("/")[2]
+            method = method if method.isalnum() and len(method) <= 40 else "other"
+            await self.watch.see(PlatformCall("telegram", method, status))
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bot.app import build
 from bot.config import Config
 from bot.events import ConvKey, Event, TurnEnded, User, UserMessage
-from bot.history import Msg
+from bot.history import Msg, ToolCall
 from bot.llm import Completion, Delta, StreamItem, warm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +105,113 @@ async def measure(history: int, turns: int, window: int) -> list[float]:
         finally:
             await hub.close()
             await hub.d.store.close()
+
+
+class ToolModel(InstantModel):
+    """Each turn: one allowed tool call (`list_dir`), then the answer: a turn that the
+    audit log records (the tool run) and the metrics count (two model calls, a run)."""
+
+    def __init__(self, window: int = 32_000) -> None:
+        super().__init__(window)
+        self.calls = 0
+
+    async def stream(self, messages: Sequence[dict[str, Any]],
+                     tools: Sequence[dict[str, Any]]) -> AsyncIterator[StreamItem]:
+        self.calls += 1
+        asked = max(i for i, m in enumerate(messages)
+                    if str(m.get("content") or "").startswith("[Ann]"))
+        if any(m.get("role") == "tool" for m in messages[asked:]):
+            yield Completion("Listed.", (), 120, 3, 0.0001)
+        else:
+            yield Completion("", (ToolCall(f"c{self.calls}", "list_dir", "{}"),), 100, 5, 0.0001)
+
+
+class Timed:
+    """A watcher with a stopwatch: the time its calls take on the event loop."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    async def see(self, fact: Any) -> None:
+        started = time.perf_counter()
+        await self.inner.see(fact)
+        self.seconds += time.perf_counter() - started
+
+    async def flush(self) -> None:
+        if hasattr(self.inner, "flush"):
+            await self.inner.flush()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def ops_overhead(turns: int, block: int = 20) -> dict[str, float]:
+    """What the audit log and the metrics add to a tool turn (one allowed tool call, two
+    model calls): their calls' own time, and the turn time with and without them (blocks
+    of `block` turns alternate, on a conversation trimmed to a fixed size, so that drift
+    hits both alike; two cores make that figure the noisier one)."""
+    from bot.audit import Audit
+    from bot.metrics import Metrics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config.model_validate({
+            "llm": {"model": "openai/instant", "context_window": 16_000},
+            "store": {"path": f"{tmp}/bench.db"}, "persona": {"dir": str(REPO / "persona")},
+            "workspace": {"dir": f"{tmp}/ws"}})
+        Path(f"{tmp}/ws").mkdir()
+        hub, dispatch = build(config, model=ToolModel(16_000))
+        audit = next(w for w in hub.d.watch.watchers if isinstance(w, Audit))
+        watching = [Timed(audit), Timed(Metrics())]
+        done = Done()
+        dispatch.sinks["console"] = done
+        key, user = ConvKey("console", "c1"), User("u", "Ann")
+        await hub.d.store.open()
+        figures: dict[str, list[float]] = {"with": [], "without": []}
+        try:
+            for n in range(2 * (turns // block) + 2):
+                label = "with" if n % 2 else "without"
+                hub.d.watch.watchers = list(watching) if label == "with" else []
+                if n == 2:  # the first two blocks warm up
+                    for watcher in watching:
+                        watcher.seconds = 0.0
+                for i in range(block):
+                    done.event.clear()
+                    started = time.perf_counter()
+                    await hub.submit(UserMessage(key, user, f"list it {i}"))
+                    await done.event.wait()
+                    await hub.idle()
+                    if n >= 2:
+                        figures[label].append(time.perf_counter() - started)
+            hub.d.watch.watchers = list(watching)
+            await hub.d.watch.flush()
+            audited = len(await hub.d.store.audit(limit=1_000_000))
+            write_ms = await audit_write_ms(audit, key)
+        finally:
+            await hub.close()
+            await hub.d.store.close()
+    measured = len(figures["with"])
+    with_ms = statistics.median(figures["with"]) * 1000
+    without_ms = statistics.median(figures["without"]) * 1000
+    entries_per_turn = audited / (measured + block)
+    return {"audit_ms_per_turn": watching[0].seconds * 1000 / measured,
+            "audit_write_ms_per_turn": write_ms * entries_per_turn,
+            "metrics_ms_per_turn": watching[1].seconds * 1000 / measured,
+            "with_p50_ms": with_ms, "without_p50_ms": without_ms,
+            "turns": measured, "audit_entries": audited}
+
+
+async def audit_write_ms(audit: Any, key: ConvKey, batches: int = 50,
+                         batch: int = 40) -> float:
+    """The audit log's writing, per entry: batches as `Audit` writes them (a batch every
+    `bot.audit.FLUSH_S`), on an idle store (off the turn's path, in the store's thread)."""
+    from bot.watch import ToolRan
+
+    started = time.perf_counter()
+    for _ in range(batches):
+        for i in range(batch):
+            await audit.see(ToolRan(key, "list_dir", f"list_dir {i}", "ok", 0.001, "u"))
+        await audit.flush()
+    return (time.perf_counter() - started) * 1000 / (batches * batch)
 
 
 def help_time(runs: int = 7) -> float:
@@ -233,6 +340,13 @@ def main() -> None:
         p50, p99 = statistics.median(ms), ms[int(len(ms) * 0.99) - 1]
         figures[str(history)] = {"p50_ms": p50, "p99_ms": p99, "mean_ms": statistics.mean(ms)}
         print(f"{history:>8} {p50:>8.3f} {p99:>8.3f} {statistics.mean(ms):>8.3f}")
+    ops = figures["audit_metrics"] = asyncio.run(ops_overhead(args.turns))
+    print(f"a tool turn's audit log and metrics: {ops['audit_ms_per_turn']:.4f} + "
+          f"{ops['metrics_ms_per_turn']:.4f} ms on the turn's path, and "
+          f"{ops['audit_write_ms_per_turn']:.4f} ms of batched audit writing off it, per "
+          f"turn; the turn p50 with / "
+          f"without them {ops['with_p50_ms']:.3f} / {ops['without_p50_ms']:.3f} ms "
+          f"({ops['turns']:.0f} turns each, {ops['audit_entries']:.0f} audit entries)")
     figures["help_ms"] = help_time() * 1000
     print(f"tandem --help: {figures['help_ms']:.0f} ms (median of 7)")
     for name, window in (("first_turn_help", 32_000), ("first_turn_help_no_window", None)):

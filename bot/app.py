@@ -12,6 +12,8 @@ from typing import BinaryIO
 
 from bot import redact
 from bot.access import Access
+from bot.audit import Audit
+from bot.budget import Budget
 from bot.cluster import Cluster, owner_id
 from bot.cluster.lanes import ClusterLanes
 from bot.config import Config
@@ -139,10 +141,14 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
                 emit=dispatch.emit, tool_context=env, redact=redactor,
-                mcp=Servers(config.mcp, registry))
+                mcp=Servers(config.mcp, registry), budget=Budget(config, store))
+    deps.watch.add(Audit(store, redactor, config.audit.keep_days))
     receiver = Receiver(config, dispatch.ports, Senses(config.llm, config.media))
     lanes = None if cluster is None else \
         functools.partial(ClusterLanes, cluster=cluster, store=store)
     hub = Hub(deps, Access.from_config(config), scheduler, receiver, lanes)
     scheduler.deliver = hub.deliver
+    if config.metrics.listen:  # imported only then: prometheus_client costs ~60 ms
+        from bot.metrics import Metrics
+        deps.watch.add(Metrics(hub.lanes.queue_stats if hub.lanes.shared else None))
     return hub, dispatch

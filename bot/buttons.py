@@ -32,10 +32,19 @@ class CancelButton:
 
 @dataclass(frozen=True, slots=True)
 class ItemButton:
-    """Cancel a scheduled job (`job`) or revoke a standing rule (`rule`)."""
+    """Cancel a scheduled job (`job`), revoke a standing rule (`rule`) or lift a used-up
+    daily budget (`budget`): each is the chat command `command` with `item_id`."""
 
-    kind: Literal["job", "rule"]
+    kind: Literal["job", "rule", "budget"]
     item_id: str
+
+    @property
+    def command(self) -> str:
+        return _ITEM_COMMANDS[self.kind]
+
+
+_ITEM_COMMANDS = {"job": "canceljob", "rule": "revoke", "budget": "liftbudget"}
+_ITEM_CODES = {"job": "jc", "rule": "rr", "budget": "bl"}
 
 
 ButtonData = ApprovalButton | CancelButton | ItemButton
@@ -48,7 +57,7 @@ def pack(data: ButtonData) -> str:
         case CancelButton(turn):
             out = "cx" if turn is None else f"cx:{turn}"
         case ItemButton(kind, item_id):
-            out = f"{'jc' if kind == 'job' else 'rr'}:{item_id}"
+            out = f"{_ITEM_CODES[kind]}:{item_id}"
     if len(out.encode()) > MAX_BYTES:
         raise ValueError(f"button data over {MAX_BYTES} bytes: {out!r}")
     return out
@@ -70,4 +79,6 @@ def unpack(raw: str) -> ButtonData | None:
             return ItemButton("job", item_id)
         case ["rr", item_id] if item_id.isalnum():
             return ItemButton("rule", item_id)
+        case ["bl", item_id] if item_id.isalnum():
+            return ItemButton("budget", item_id)
     return None

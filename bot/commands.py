@@ -10,12 +10,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from bot.audit import line as audit_line
+from bot.budget import Budget
 from bot.buttons import ItemButton, pack
 from bot.config import Config
 from bot.conversation import Conversation
 from bot.events import Button, Command, Event, Notice
 from bot.prompt import Prompt
 from bot.store import Store
+from bot.watch import BudgetLifted, RuleChanged, Watch
 
 HELP = """Tandem answers here and can use tools; risky ones wait for your approval.
 /new: start a fresh conversation (the old one is kept, but no longer in view)
@@ -23,7 +26,10 @@ HELP = """Tandem answers here and can use tools; risky ones wait for your approv
 /status: the model, context used, tokens and cost of this conversation
 /approvals: standing "always" rules in this chat, with buttons to revoke them
 /jobs: scheduled tasks of this chat, with buttons to cancel them
+/audit: the latest entries of this chat's audit log (approvers)
 /help: this text"""
+AUDIT_LINES = 15
+APPROVERS_ONLY = "Only an approver can do that."
 
 
 class Jobs(Protocol):
@@ -44,6 +50,10 @@ class CommandContext:
     """One status line per MCP server."""
     backend: Callable[[], Awaitable[str]] | None = None
     """The store and, with several workers, the workers alive and the queue's depth."""
+    approver: bool = False
+    """Who gave the command is an approver on this platform."""
+    budget: Budget | None = None
+    watch: Watch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +71,17 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
             text = "Started a new conversation. Earlier messages are no longer in view."
             return [Reset(), Notice(key, text)]
         case "status":
-            return [Notice(key, await status(ctx, conv))]
+            return [Notice(key, await status(ctx, conv, cmd.user.id))]
         case "approvals":
             return [await approvals(ctx, conv)]
         case "jobs":
             return [await jobs(ctx, conv)]
         case "revoke":
-            return [await revoke(ctx, conv, cmd.args)]
+            return [await revoke(ctx, conv, cmd)]
+        case "audit":
+            return [await audit(ctx, conv)]
+        case "liftbudget":
+            return [await lift_budget(ctx, conv, cmd)]
         case "canceljob" if ctx.jobs is not None:
             return [Notice(key, await ctx.jobs.cancel(conv.row.id, cmd.args))]
         case "help" | "start":
@@ -76,7 +90,7 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
             return [Notice(key, f"Unknown command /{cmd.name}.\n\n{HELP}")]
 
 
-async def status(ctx: CommandContext, conv: Conversation) -> str:
+async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
     row = await ctx.store.conversation(conv.row.key)
     used, window = ctx.prompt.used(conv), await ctx.window()
     state = conv.turn
@@ -93,6 +107,8 @@ async def status(ctx: CommandContext, conv: Conversation) -> str:
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
         f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]
+    if ctx.budget is not None:
+        lines += await ctx.budget.status(row, user)
     if ctx.backend is not None:
         lines.append(f"Store: {await ctx.backend()}")
     servers = ctx.servers()
@@ -125,13 +141,42 @@ async def jobs(ctx: CommandContext, conv: Conversation) -> Notice:
     return Notice(conv.row.key, "\n".join(lines), buttons=tuple(buttons))
 
 
-async def revoke(ctx: CommandContext, conv: Conversation, rule_id: str) -> Notice:
+async def revoke(ctx: CommandContext, conv: Conversation, cmd: Command) -> Notice:
     """`/revoke N` (the number `/approvals` lists) or the rule's id (a button's)."""
-    rule_id = rule_id.strip()
-    if rule_id.isdigit():
-        rules = await ctx.store.rules(conv.row.id)
-        if 1 <= int(rule_id) <= len(rules):
-            rule_id = rules[int(rule_id) - 1].id
-    removed = await ctx.store.delete_rule(conv.row.id, rule_id)
-    text = "Rule revoked: that call will ask again." if removed else "That rule no longer exists."
-    return Notice(conv.row.key, text)
+    rules = await ctx.store.rules(conv.row.id)
+    wanted = cmd.args.strip()
+    if wanted.isdigit() and 1 <= int(wanted) <= len(rules):
+        wanted = rules[int(wanted) - 1].id
+    rule = next((r for r in rules if r.id == wanted), None)
+    if rule is None or not await ctx.store.delete_rule(conv.row.id, rule.id):
+        return Notice(conv.row.key, "That rule no longer exists.")
+    if ctx.watch is not None:
+        await ctx.watch.see(RuleChanged(conv.row.key, rule.tool, rule.key, "revoked",
+                                        cmd.user.id))
+    return Notice(conv.row.key, "Rule revoked: that call will ask again.")
+
+
+async def audit(ctx: CommandContext, conv: Conversation) -> Notice:
+    """`/audit`: the latest entries of this conversation's audit log, for approvers."""
+    if not ctx.approver:
+        return Notice(conv.row.key, APPROVERS_ONLY)
+    if ctx.watch is not None:
+        await ctx.watch.flush()
+    rows = await ctx.store.audit(conv=str(conv.row.key), limit=AUDIT_LINES)
+    if not rows:
+        return Notice(conv.row.key, "The audit log has no entries for this chat.")
+    head = f"The latest {len(rows)} audit entries of this chat (all: `tandem audit`):"
+    return Notice(conv.row.key, "\n".join([head, *(audit_line(r) for r in rows)]))
+
+
+async def lift_budget(ctx: CommandContext, conv: Conversation, cmd: Command) -> Notice:
+    """The "Lift for today" button of a used-up budget: approvers only."""
+    if not ctx.approver:
+        return Notice(conv.row.key, APPROVERS_ONLY, ephemeral_to=cmd.user)
+    lifted = await ctx.budget.lift(conv.row, cmd.args.strip()) if ctx.budget else None
+    if lifted is None:
+        return Notice(conv.row.key, "That button is from another day; nothing was lifted.")
+    if ctx.watch is not None:
+        await ctx.watch.see(BudgetLifted(conv.row.key, lifted, cmd.user.id))
+    return Notice(conv.row.key, f"The daily budget of {lifted} is lifted for today by "
+                                f"{cmd.user.name or cmd.user.id}. Send the message again.")

@@ -28,6 +28,7 @@ from bot.media.receive import Receiver
 from bot.recovery import recover
 from bot.runner import Deps, Runner
 from bot.scheduler import Scheduler
+from bot.watch import Refused
 from bot.worker import LanesFactory, Worker
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Hub:
         """Stop every lane (running turns end as cancelled) and all timers."""
         self.approvals.close()
         await self.lanes.close()
+        await self.d.watch.close()  # the audit log's last entries, before the store closes
 
     async def idle(self) -> None:
         await self.lanes.idle()
@@ -79,6 +81,8 @@ class Hub:
         if self.lanes.closing:
             return Receipt(False, "Tandem is shutting down.")
         receipt = await self.intake.accept(item)
+        if not receipt.accepted and not receipt.duplicate:
+            await self._refused(item, "access", receipt.note)
         if receipt.duplicate and self.lanes.shared and item.ref is not None \
                 and await self.d.store.inbound_open(item.ref):
             # recorded by a worker that died before queueing it: this copy is queued (the
@@ -92,6 +96,7 @@ class Hub:
         if isinstance(item, Decision) and (refusal := await self.approvals.check(item)):
             if item.ref is not None:  # settled: never replayed
                 await self.d.store.mark_inbound_done([item.ref])
+            await self._refused(item, "press", refusal)
             return Receipt(False, refusal)
         if isinstance(item, UserMessage) and self.lanes.running(item.conv):
             await self.d.emit(Queued(item.conv, item.ref))
@@ -102,11 +107,17 @@ class Hub:
         """Out of band: the running turn (the button's own) stops at its next checkpoint,
         on whichever worker runs it."""
         if (refusal := self.access.check(item)) is not None:
+            await self._refused(item, "access", refusal)
             return Receipt(False, refusal)
         if await self.lanes.cancel_anywhere(item.conv, item.turn):
             return Receipt(True, "Cancelling…")
         self.lanes.put(item.conv, item)  # a turn waiting for a human, or nothing at all
         return Receipt(True)
+
+    async def _refused(self, item: Inbound, what: str, why: str | None) -> None:
+        user = getattr(item, "user", None)
+        await self.d.watch.see(Refused(item.conv.platform, user.id if user else "", what,
+                                       why or "", item.conv))
 
     # -- where cards are (any worker may resolve an approval) -----------------------------
 

@@ -1,10 +1,14 @@
-"""Logging with secrets redacted from every record; expected failures on one line."""
+"""Logging with secrets redacted from every record; expected failures on one line; as
+text, or as JSON lines (`logging.format: json`) for a log collector."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Literal
 
 from bot import redact
 from bot.errors import ModelError
@@ -48,11 +52,33 @@ class OneLine(logging.Filter):
         return True
 
 
-def setup(level: int, secrets: Iterable[str], *, tracebacks: bool | None = None) -> None:
-    """Log to stderr at `level`. Tracebacks of expected failures only when `tracebacks`
-    (default: at DEBUG, i.e. `tandem -v`)."""
+class JsonLines(logging.Formatter):
+    """One JSON object per record, on one line: `time` (ISO 8601, UTC), `level`, `logger`,
+    `message`, and `exception` (the traceback, redacted like the message) when there is
+    one. ASCII only, so no character in a message can break the line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.fromtimestamp(record.created, UTC)
+                 .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                 "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry)
+
+
+def setup(level: int, secrets: Iterable[str], *, tracebacks: bool | None = None,
+          format: Literal["text", "json"] = "text") -> None:
+    """Log to stderr at `level`, as text or JSON lines (`format`, the config's
+    `logging.format`). Tracebacks of expected failures only when `tracebacks` (default:
+    at DEBUG, i.e. `tandem -v`)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLines() if format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     if not (level <= logging.DEBUG if tracebacks is None else tracebacks):
         handler.addFilter(OneLine())
     handler.addFilter(Redactor(secrets))

@@ -7,8 +7,9 @@ import contextlib
 import functools
 import importlib
 import logging
+import os
 import signal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot import llm, logs, redact
 from bot.app import Dispatch, build
@@ -17,6 +18,9 @@ from bot.config import Config
 from bot.errors import ConfigError, StoreError, StoreUnusable, TandemError
 from bot.hub import Hub
 from bot.store import Store
+
+if TYPE_CHECKING:
+    from bot.metrics import Metrics
 
 log = logging.getLogger("tandem")
 SCHEDULE_SYNC_S = 2.0
@@ -31,7 +35,8 @@ class Platform(Protocol):
 
 def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
-    logs.setup(level, [*config.secrets(), *redact.environment_secrets()])
+    logs.setup(level, [*config.secrets(), *redact.environment_secrets()],
+               format=config.logging.format)
     try:
         return asyncio.run(_serve(config, chat))
     except StoreUnusable as exc:
@@ -43,7 +48,7 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
 
 def migrate(config: Config) -> int:
     """`tandem migrate`: the store's schema (and the task queue's, with PostgreSQL)."""
-    logs.setup(logging.INFO, config.secrets())
+    logs.setup(logging.INFO, config.secrets(), format=config.logging.format)
     from bot.store.backends import open_store
 
     async def run() -> None:
@@ -77,7 +82,9 @@ async def _serve(config: Config, chat: bool) -> int:
     hub, dispatch = build(config, cluster=cluster)
     await hub.d.store.open()
     platforms: list[Platform] = []
+    metrics = None
     try:
+        metrics = await _serve_metrics(config, hub, chat)
         await _kill_orphans(hub.d.store, owner_id(cluster is not None))
         names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
@@ -117,17 +124,38 @@ async def _serve(config: Config, chat: bool) -> int:
         log.error("%s", exc)
         return 1
     finally:
-        await hub.close()
-        if cluster is not None:
-            await cluster.close()
-        await hub.d.mcp.close()
-        for platform in reversed(platforms):
-            with contextlib.suppress(Exception):
-                await platform.stop()
-        if hub.scheduler is not None:
-            hub.scheduler.shutdown()
-        await hub.d.store.close()
-        await llm.close()  # litellm's HTTP clients, while this loop still runs
+        await _close(hub, cluster, platforms, metrics)
+
+
+async def _serve_metrics(config: Config, hub: Hub, chat: bool) -> Metrics | None:
+    """The `/metrics` endpoint on `metrics.listen` (`build` added its watcher); not for
+    `tandem chat`, which may run beside the service with the same config."""
+    if chat or not config.metrics.listen:
+        return None
+    from bot import metrics
+
+    watcher = metrics.of(hub.d.watch.watchers)
+    if watcher is not None:  # one port per worker of `tandem run --workers N`
+        await watcher.serve(metrics.for_worker(config.metrics.listen,
+                                               os.environ.get("TANDEM_WORKER")))
+    return watcher
+
+
+async def _close(hub: Hub, cluster: Cluster | None, platforms: list[Platform],
+                 metrics: Metrics | None) -> None:
+    await hub.close()
+    if cluster is not None:
+        await cluster.close()
+    await hub.d.mcp.close()
+    for platform in reversed(platforms):
+        with contextlib.suppress(Exception):
+            await platform.stop()
+    if hub.scheduler is not None:
+        hub.scheduler.shutdown()
+    if metrics is not None:
+        await metrics.close()
+    await hub.d.store.close()
+    await llm.close()  # litellm's HTTP clients, while this loop still runs
 
 
 class PlatformModule(Protocol):

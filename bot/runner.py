@@ -8,15 +8,16 @@ are its events emitted (an emit may hand control away for good).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
-from bot import compaction, policy, taint
+from bot import compaction, policy, streaming, taint
 from bot import turn as t
+from bot import watch as w
+from bot.budget import Budget
 from bot.config import Config, McpConfig
 from bot.conversation import Conversation
 from bot.errors import ModelError, TurnTooLong, user_message
@@ -32,15 +33,16 @@ from bot.events import (
     User,
 )
 from bot.history import CallState, Msg, Outcome, Said, tool_result
-from bot.llm import Completion, ContextExceeded, Delta, ModelClient, Restart
+from bot.llm import Completion, ContextExceeded, ModelClient
 from bot.mcp import Servers
 from bot.prompt import Prompt, Request
 from bot.redact import Redactor
-from bot.store import ApprovalRow, ConvRow, Store, Usage
+from bot.store import ApprovalRow, ConvRow, Store
+from bot.streaming import Scratch
 from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
+from bot.watch import Watch
 
 log = logging.getLogger(__name__)
-CANCEL_EVERY_CHUNKS = 8
 RAN = frozenset({Outcome.OK, Outcome.ERROR})
 """Outcomes whose result may hold what the tool returned (the others are Tandem's words)."""
 PROGRESS_TICK_S = 5.0
@@ -61,25 +63,17 @@ class Deps:
     """Scrubs every tool result, model answer and error text before it is kept or sent."""
     mcp: Servers = field(default_factory=lambda: Servers(McpConfig(), Registry()))
     """MCP servers whose tools are in `tools` (started by whoever starts Tandem)."""
-
-
-@dataclass(slots=True)
-class _Scratch:
-    """Per-drive display state: what has streamed, not what decides anything."""
-
-    started: float
-    text: str = ""
-    answer: str = ""
-    partial: Msg | None = None
-    """A cancelled stream's text, stored as the turn ends."""
-    final: tuple[Msg, tuple[int, Usage | None]] | None = None
-    """The model's answer (a step without tool calls), stored as the turn ends."""
+    watch: Watch = field(default_factory=Watch)
+    """Told what happened: the audit log and the metrics (`bot.watch`)."""
+    budget: Budget | None = None
+    """Daily budgets (`bot.budget`); None: built from `config`."""
 
 
 class Runner:
     def __init__(self, deps: Deps) -> None:
         self.d = deps
         self.limits = deps.config.limits.breakers
+        self.budget = deps.budget or Budget(deps.config, deps.store)
         self._window = 0
 
     async def window(self) -> int:
@@ -111,11 +105,16 @@ class Runner:
                     events.append(ApprovalRequested(row.key, approval_id, record.call.name,
                                                     summary, User(state.requester), expires,
                                                     reason=reason))
+                    await self.d.watch.see(w.Asked(row.key, approval_id, record.call.name,
+                                                   summary, state.requester, now + expires))
                 case t.Resolve(approval_id, status, by):
                     if await self.d.store.decide(approval_id, status, by.id if by else None):
                         events.append(ApprovalResolved(row.key, approval_id, status, by))
-                case t.AddRule(tool, key):
+                        await self._decided(row, approval_id, status, by)
+                case t.AddRule(tool, key, by):
                     await self.d.store.add_rule(row.id, tool, key)
+                    await self.d.watch.see(w.RuleChanged(row.key, tool, key, "added",
+                                                         by.id if by else None))
                 case t.Tell(text):
                     events.append(Notice(row.key, text))
                 case t.Close() as closed:
@@ -129,6 +128,14 @@ class Runner:
         if closed is not None and closed.text is not None:
             await self.show_end(row, TurnEnded(row.key, state.turn, closed.text,
                                                closed.reason.value))
+
+    async def _decided(self, row: ConvRow, approval_id: str, status: str,
+                       by: User | None) -> None:
+        approval = await self.d.store.approval(approval_id)
+        if approval is not None:
+            await self.d.watch.see(w.Decided(row.key, approval_id, approval.tool,
+                                             approval.summary, status, by.id if by else None,
+                                             time.time() - approval.created_at))
 
     async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
         """Show a turn's end, then note that it was shown (until then the store keeps it,
@@ -197,7 +204,7 @@ class Runner:
 
     async def drive(self, conv: Conversation, cancel: asyncio.Event) -> t.ExitReason | None:
         """Run the turn until it ends (its reason) or waits for a human (None)."""
-        scratch = _Scratch(started=time.monotonic())
+        scratch = Scratch(started=time.monotonic())
         while True:
             state = conv.turn
             assert state is not None
@@ -232,8 +239,13 @@ class Runner:
     # -- Reason: one model call -------------------------------------------------------
 
     async def _reason(self, conv: Conversation, state: t.TurnState, cancel: asyncio.Event,
-                      scratch: _Scratch) -> None:
+                      scratch: Scratch) -> None:
         await self._progress(conv, state, Phase.THINKING, scratch)
+        if (reached := await self.budget.reached(conv.row, state.requester)) is not None:
+            conv.turn = replace(state, budget=reached.text)
+            await self.d.watch.see(w.BudgetReached(conv.row.key, state.requester, reached.scope))
+            await self.d.emit(reached.notice(conv.row.key))
+            return
         try:
             completion = await self._complete_fitting(conv, cancel, scratch)
         except ModelError as exc:
@@ -248,7 +260,7 @@ class Runner:
         await self._record_step(conv, state, completion, scratch)
 
     async def _complete_fitting(self, conv: Conversation, cancel: asyncio.Event,
-                                scratch: _Scratch) -> Completion | None:
+                                scratch: Scratch) -> Completion | None:
         """Check the fit before sending; the provider's "too long" is the last resort."""
         window = await self.window()
         request = self.d.prompt.build(conv, window)
@@ -266,7 +278,7 @@ class Runner:
                 raise TurnTooLong(str(exc)) from exc
 
     async def _record_step(self, conv: Conversation, state: t.TurnState,
-                           completion: Completion, scratch: _Scratch) -> None:
+                           completion: Completion, scratch: Scratch) -> None:
         redact = self.d.redact
         calls = []
         for call in completion.tool_calls:  # ids unique in the session, within a step too
@@ -278,6 +290,7 @@ class Runner:
         usage = None
         if completion.prompt_tokens is not None:
             usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
+            await self.budget.spend(conv.row, state.requester, usage[0] + usage[1], usage[2])
         msg = Msg("assistant", completion.text, state.turn, tuple(calls))
         if calls:
             conv.append(await self.d.store.append_assistant(
@@ -289,43 +302,16 @@ class Runner:
         scratch.text = ""
 
     async def _complete(self, conv: Conversation, request: Request, cancel: asyncio.Event,
-                        scratch: _Scratch) -> Completion | None:
-        task = asyncio.ensure_future(self._consume(request, scratch, cancel, conv))
-        waiter = asyncio.ensure_future(cancel.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return None
-        completion = task.result()
+                        scratch: Scratch) -> Completion | None:
+        state = conv.turn
+        assert state is not None
+        completion = await streaming.complete(
+            self.d.model, request, self.d.tools.schemas(), cancel, scratch,
+            lambda: self._progress(conv, state, Phase.THINKING, scratch), self.d.watch,
+            self.d.config.llm.model)
         if completion is not None and completion.prompt_tokens:
             conv.calibrate(request.estimated, completion.prompt_tokens)
         return completion
-
-    async def _consume(self, request: Request, scratch: _Scratch, cancel: asyncio.Event,
-                       conv: Conversation) -> Completion | None:
-        chunks = 0
-        state = conv.turn
-        assert state is not None
-        stream = self.d.model.stream(request.messages, self.d.tools.schemas())
-        async with contextlib.aclosing(stream):
-            async for item in stream:
-                match item:
-                    case Delta(text):
-                        chunks += 1
-                        if chunks % CANCEL_EVERY_CHUNKS == 0 and cancel.is_set():
-                            return None
-                        if text:
-                            scratch.text += text
-                            await self._progress(conv, state, Phase.THINKING, scratch)
-                    case Restart():
-                        scratch.text = ""
-                    case Completion():
-                        return item
-        raise ModelError("the model stream ended without a completion")
 
     # -- Decide: what the policy says -------------------------------------------------
 
@@ -340,7 +326,7 @@ class Runner:
     # -- Run: one allowed call --------------------------------------------------------
 
     async def _run(self, conv: Conversation, state: t.TurnState, record: t.CallRecord,
-                   cancel: asyncio.Event, scratch: _Scratch) -> None:
+                   cancel: asyncio.Event, scratch: Scratch) -> None:
         call = record.call
         tool = self.d.tools.get(call.name)
         assert tool is not None
@@ -352,6 +338,7 @@ class Runner:
             return
         await self.apply(conv, t.submitted(state, call.id))
         await self._progress(conv, state, Phase.TOOL, scratch, call.name)
+        started = time.monotonic()
         task = asyncio.ensure_future(tool.run(self.d.tool_context(conv), args))
         waiter = asyncio.ensure_future(cancel.wait())
         try:
@@ -374,11 +361,16 @@ class Runner:
                                        self.d.redact)
             step = t.finish(conv.turn, self.limits, call.id, outcome, text)
         await self.apply(conv, step)
+        ended = step.state.record(call.id)
+        await self.d.watch.see(w.ToolRan(
+            conv.row.key, call.name, tool.summary(args),
+            ended.outcome.value if ended and ended.outcome else "interrupted",
+            time.monotonic() - started, state.requester))
 
     # -- Exit -------------------------------------------------------------------------
 
     async def _exit(self, conv: Conversation, state: t.TurnState, reason: t.ExitReason,
-                    scratch: _Scratch) -> None:
+                    scratch: Scratch) -> None:
         step = t.exit_turn(state, self.limits, reason)
         await self.apply(conv, step)  # unfinished calls are interrupted, live cards close
         last, counted = scratch.final or (scratch.partial, None)
@@ -390,9 +382,11 @@ class Runner:
         if stored is not None:
             conv.append(stored)
         self._keep(conv, step.state, done=True)
+        await self.d.watch.see(w.TurnDone(row.key, reason.value,
+                                          time.monotonic() - scratch.started))
         await self.show_end(row, TurnEnded(row.key, state.turn, text, reason.value))
 
     async def _progress(self, conv: Conversation, state: t.TurnState, phase: Phase,
-                        scratch: _Scratch, tool: str | None = None) -> None:
+                        scratch: Scratch, tool: str | None = None) -> None:
         await self.d.emit(Progress(conv.row.key, state.turn, phase, scratch.text, tool,
                                    time.monotonic() - scratch.started))

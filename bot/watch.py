@@ -108,14 +108,24 @@ class PlatformCall:
 
 @dataclass(frozen=True, slots=True)
 class BudgetReached:
+    """A turn stopped before a model call: a daily budget was used up."""
+
     conv: ConvKey
     user: str
     scope: str
     """user | conversation"""
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetLifted:
+    conv: ConvKey
+    scope: str
+    """What was lifted for today: "this conversation" or "user <id>"."""
+    by: str
+
+
 Fact = (Asked | Decided | RuleChanged | ToolRan | Refused | ModelCalled | TurnDone
-        | PlatformCall | BudgetReached)
+        | PlatformCall | BudgetReached | BudgetLifted)
 
 
 class Watcher(Protocol):
@@ -138,3 +148,20 @@ class Watch:
                 await watcher.see(fact)
             except Exception:
                 log.warning("could not record %s", type(fact).__name__, exc_info=True)
+
+    async def flush(self) -> None:
+        """Whatever a watcher keeps back is written now (before reading the audit log)."""
+        for watcher in self.watchers:
+            flush = getattr(watcher, "flush", None)
+            if flush is not None:
+                await flush()
+
+    async def close(self) -> None:
+        """Before the store closes: each watcher writes what it kept back."""
+        for watcher in self.watchers:
+            close = getattr(watcher, "close", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.warning("could not close %s", type(watcher).__name__, exc_info=True)

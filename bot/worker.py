@@ -209,7 +209,10 @@ class Worker:
     async def _command(self, conv: Conversation, cmd: Command) -> None:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
                              self.runner.window, self.lanes.running(conv.row.key),
-                             self.scheduler, self.d.mcp.status, self._backend)
+                             self.scheduler, self.d.mcp.status, self._backend,
+                             self.approvals.access.is_approver(conv.row.key.platform,
+                                                               cmd.user.id),
+                             self.runner.budget, self.d.watch)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
                 if conv.turn is not None:

@@ -20,6 +20,8 @@ class ExitReason(StrEnum):
     """A new message (or `/new`) came while the turn waited for a human."""
     INTERRUPTED = "interrupted"
     """Tandem stopped while the turn ran; found at the next start."""
+    BUDGET = "budget"
+    """A daily budget was used up before a model call."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +48,8 @@ class TurnState:
     fatal: str | None = None
     """Set by a fatal circuit breaker: the turn ends with this text."""
     error: str | None = None
+    budget: str | None = None
+    """Set when a daily budget is used up: the turn ends with this text."""
     unattended: bool = False
     """A scheduled run: nobody is watching to approve."""
     requester: str = ""
@@ -109,6 +113,8 @@ def next_action(state: TurnState) -> Action:
         return Exit(ExitReason.ERROR)
     if state.fatal is not None:
         return Exit(ExitReason.BREAKER)
+    if state.budget is not None:
+        return Exit(ExitReason.BUDGET)
     if allowed := next((r for r in state.calls if r.state is CallState.ALLOWED), None):
         return Run(allowed)
     if waiting := state.waiting:
@@ -165,6 +171,7 @@ class Resolve:
 class AddRule:
     tool: str
     key: str
+    by: User | None = None
 
 
 @dataclass(frozen=True, slots=True)

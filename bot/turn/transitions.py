@@ -133,7 +133,7 @@ def human_decision(state: TurnState, limits: Breakers, approval_id: str, press: 
         return Step(step.state, (*step.effects, resolve))
     effects: list[Effect] = [SetCall(record.call.id, CallState.ALLOWED), resolve]
     if press is Press.ALWAYS and rule_key is not None:
-        effects.insert(0, AddRule(record.call.name, rule_key))
+        effects.insert(0, AddRule(record.call.name, rule_key, by))
     return Step(_with(state, record, state=CallState.ALLOWED), tuple(effects))
 
 
@@ -165,6 +165,7 @@ _EXIT_RESULTS = {
     ExitReason.CANCELLED: "interrupted: the user cancelled the turn",
     ExitReason.BREAKER: "interrupted: the turn was stopped by a circuit breaker",
     ExitReason.ERROR: "interrupted: the turn ended with an error",
+    ExitReason.BUDGET: "interrupted: the daily budget was used up",
 }
 
 
@@ -245,5 +246,7 @@ def final_text(state: TurnState, reason: ExitReason, answer: str, shown: str) ->
             return state.fatal or "Stopped: a tool kept failing."
         case ExitReason.ERROR:
             return state.error or "Something went wrong."
+        case ExitReason.BUDGET:
+            return f"{answer}\n\n{state.budget}" if answer else state.budget or ""
         case _:
             return answer

@@ -88,8 +88,7 @@ def tg_config(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram,
               **telegram: Any) -> Any:
     settings = {"enabled": True, "token": fake.token, "base_url": f"{fake.url}/bot",
                 "allowed_users": [ANN], "drafts": False, **telegram}
-    approvals = settings.pop("approvals", None)
-    extra = {"approvals": approvals} if approvals else {}
+    extra = {k: settings.pop(k) for k in ("approvals", "limits") if k in settings}
     return make_config(tmp_path, model, telegram=settings, **extra)
 
 

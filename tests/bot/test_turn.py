@@ -112,7 +112,7 @@ def test_the_fatal_tier_fires_right_after_the_eighth_failure() -> None:
 
 DECISIONS = [
     (t.Press.APPROVE, [S.ALLOWED], [t.SetCall("a", S.ALLOWED), t.Resolve("apA", "approved", ANN)]),
-    (t.Press.ALWAYS, [S.ALLOWED], [t.AddRule("shell", "a"), t.SetCall("a", S.ALLOWED),
+    (t.Press.ALWAYS, [S.ALLOWED], [t.AddRule("shell", "a", ANN), t.SetCall("a", S.ALLOWED),
                                    t.Resolve("apA", "always", ANN)]),
 ]
 

@@ -1,0 +1,67 @@
+"""The audit log's watcher and `tandem audit`'s reading of times, on a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bot import audit_cli, redact
+from bot import watch as w
+from bot.audit import Audit, line
+from bot.errors import ConfigError
+from bot.events import ConvKey
+from bot.store import Store
+from bot.store.backends import open_store
+
+KEY = ConvKey("telegram", "5")
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    store = open_store(str(tmp_path / "a.db"))
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def test_entries_are_batched_redacted_and_written_by_close(store: Store) -> None:
+    clock = [1_800_000_000.0]
+    audit = Audit(store, redact.known([SECRET]), keep_days=90, clock=lambda: clock[0])
+    await audit.see(w.ToolRan(KEY, "shell", f"curl -H 'key: {SECRET}' x", "ok", 0.25, "42"))
+    await audit.see(w.ModelCalled("m", 1.0, 10, 2, 0.0, True))  # counted only, not audited
+    await audit.see(w.TurnDone(KEY, "completed", 1.2))
+    assert await store.audit() == []  # gathered, not yet written
+    await audit.close()
+    rows = await store.audit()
+    assert len(rows) == 1 and rows[0].kind == "tool" and rows[0].at == clock[0]
+    assert SECRET not in rows[0].detail
+    detail = json.loads(rows[0].detail)
+    assert detail["outcome"] == "ok" and detail["seconds"] == 0.25
+    assert line(rows[0]).startswith("2027-01-15T08:00:00Z [telegram:5] ran by 42: shell curl")
+
+
+async def test_old_entries_are_pruned_with_the_first_write_after_a_start(store: Store) -> None:
+    now = datetime(2026, 12, 3, 12, tzinfo=UTC).timestamp()
+    old = Audit(store, redact.Redactor(), keep_days=90, clock=lambda: now - 100 * 86_400)
+    await old.see(w.Refused("telegram", "77", "access", "not allowed"))
+    await old.close()
+    fresh = Audit(store, redact.Redactor(), keep_days=90, clock=lambda: now)
+    await fresh.see(w.Refused("telegram", "78", "access", "not allowed"))
+    await fresh.close()
+    assert [r.actor for r in await store.audit()] == ["78"]
+
+
+def test_since_reads_ages_and_dates_and_names_a_bad_value() -> None:
+    now = 1_800_000_000.0
+    assert audit_cli.since("30m", now) == now - 1800
+    assert audit_cli.since("7d", now) == now - 7 * 86_400
+    assert audit_cli.since("2026-12-01", now) == datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    assert audit_cli.since("2026-12-01T09:30+01:00", now) == \
+        datetime(2026, 12, 1, 8, 30, tzinfo=UTC).timestamp()
+    with pytest.raises(ConfigError, match="--since.*neither an age"):
+        audit_cli.since("last tuesday", now)
