@@ -23,7 +23,7 @@ from bot.config import LLMConfig
 from bot.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
 from bot.history import ToolCall
 from bot.llm.failures import cause, chain, endpoint
-from bot.llm.loading import load, loaded, preload, warm
+from bot.llm.loading import load, loaded, preload, settle, warm
 
 log = logging.getLogger(__name__)
 __all__ = ["Completion", "ContextExceeded", "Delta", "LiteLLMClient", "ModelClient", "Restart",
@@ -78,6 +78,7 @@ async def close() -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+    await settle()  # stopped while litellm loads: its thread ends first
     if not loaded():
         return
     litellm = await load()

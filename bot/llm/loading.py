@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import importlib
 import logging
@@ -122,6 +123,15 @@ async def load() -> Any:
     if future is not None and not future.done():
         return await asyncio.wrap_future(future)
     return await asyncio.to_thread(_import_once)
+
+
+async def settle() -> None:
+    """Wait for an import under way to end (a process must not exit while a thread is
+    importing: the interpreter aborts). Its failure is the first model call's business."""
+    future = _loaded
+    if future is not None and not future.done():
+        with contextlib.suppress(BaseException):
+            await asyncio.wrap_future(future)
 
 
 def loaded() -> bool:
