@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import weakref
 from collections import OrderedDict
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from telegram import BotCommand, CallbackQuery, MaybeInaccessibleMessage, Message, Update
 from telegram import User as TgUser
 from telegram.constants import ChatType, MessageEntityType
@@ -86,6 +88,7 @@ from bot.events import (
     Verdict,
 )
 from bot.hub import Hub
+from bot.llm.failures import cause
 
 log = logging.getLogger(__name__)
 PLATFORM = "telegram"
@@ -93,7 +96,8 @@ MAX_TEXT = 4096
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
-            ("approvals", "Standing approval rules here")]
+            ("approvals", "Standing approval rules here"),
+            ("audit", "Latest audit entries here (approvers)")]
 PRESS_WAIT_S = 2.0
 """How long a press's answer waits for the core to settle the press."""
 
@@ -140,7 +144,7 @@ class TelegramAdapter:
         self._base = tg.base_url.rstrip("/").rpartition("/bot")[0] or tg.base_url
         head, bot, tail = tg.base_url.rstrip("/").rpartition("/bot")
         files = f"{head}/file/bot{tail}" if bot else "https://api.telegram.org/file/bot"
-        self._requests = (AiohttpRequest(), AiohttpRequest(connections=2))
+        self._requests = (AiohttpRequest(watch=hub.d.watch), AiohttpRequest(connections=2))
         self.app: Application[Any, Any, Any, Any, Any, Any] = (
             ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(files)
             .request(self._requests[0]).get_updates_request(self._requests[1])
@@ -369,9 +373,9 @@ class TelegramAdapter:
                     # a placeholder whose reply was lost: its turn is over
                     await self.api.clear_buttons(query.message.chat.id,
                                                  query.message.message_id)
-            case ItemButton(kind, item_id):
-                name = "canceljob" if kind == "job" else "revoke"
-                receipt = await self.hub.submit(Command(conv, user, name, item_id, ref=ref))
+            case ItemButton() as item:
+                receipt = await self.hub.submit(Command(conv, user, item.command, item.item_id,
+                                                        ref=ref))
         note, alert = receipt.note, not receipt.accepted and bool(receipt.note)
         if receipt.accepted:
             self._served(query.from_user)
@@ -735,3 +739,50 @@ def create(config: Config, hub: Hub, dispatch: Dispatch) -> TelegramAdapter:
     dispatch.sinks[PLATFORM] = adapter
     dispatch.ports[PLATFORM] = adapter.files
     return adapter
+
+
+# -- checked live, for `tandem doctor` and `tandem init` --------------------------------
+
+TOKEN_SHAPE = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+CHECK_TIMEOUT_S = 5.0
+
+
+async def check_token(token: str, base_url: str) -> tuple[str, str]:
+    """Ask Telegram whose `token` is (getMe), the way `start` does. One of ("ok",
+    "@username"), ("malformed", why), ("refused", Telegram's words, e.g. "401
+    Unauthorized") or ("unreachable", "cannot reach <base_url> (why)"); never the token."""
+    if not TOKEN_SHAPE.fullmatch(token):
+        return "malformed", ("not a bot token (@BotFather's look like 123456789:AAF…: "
+                             "digits, a colon, then letters)")
+    try:
+        async with aiohttp.ClientSession(trust_env=True) as session, session.get(
+                f"{base_url}{token}/getMe",
+                timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)) as reply:
+            status, body = reply.status, await reply.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return "unreachable", f"cannot reach {base_url} ({cause(exc, CHECK_TIMEOUT_S)})"
+    except ValueError:
+        return "unreachable", f"{base_url} did not answer as Telegram's Bot API does"
+    result = body.get("result") if isinstance(body, dict) else None
+    if status == 200 and isinstance(result, dict):
+        return "ok", f"@{result.get('username')}"
+    said = body.get("description") if isinstance(body, dict) else None
+    words = f"{status} {said}" if said else f"HTTP {status}"
+    if status in (401, 403, 404):
+        return "refused", words
+    return "unreachable", f"{base_url} answered {words}"
+
+
+async def check(config: Config) -> list[tuple[str, str, str]]:
+    """`tandem doctor`: whether Telegram takes telegram.token, and whose it is."""
+    tg = config.telegram
+    if not tg.token:
+        return []  # the doctor says so itself
+    outcome, text = await check_token(tg.token, tg.base_url)
+    if outcome == "ok":
+        return [("telegram", "ok", f"signed in as {text} (getMe)")]
+    if outcome == "refused":
+        return [("telegram", "fail", f"Telegram refused telegram.token ({text})")]
+    if outcome == "malformed":
+        return [("telegram", "fail", f"telegram.token is {text}")]
+    return [("telegram", "fail", text)]

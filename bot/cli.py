@@ -1,4 +1,4 @@
-"""`tandem run | chat | doctor | migrate | slack-manifest`. Heavy imports happen inside
+"""`tandem run | chat | doctor | init | migrate | slack-manifest`. Heavy imports happen inside
 the commands, so `tandem --help` stays instant."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -31,10 +32,20 @@ def parser() -> argparse.ArgumentParser:
                      help="run N worker processes (needs a PostgreSQL store.url)")
     sub.add_parser("chat", parents=[common],
                    help="talk to Tandem in this terminal (scriptable from stdin)")
-    sub.add_parser("doctor", parents=[common],
-                   help="check config, persona, database and the model endpoint")
+    doctor = sub.add_parser("doctor", parents=[common],
+                            help="check config, persona, database, platforms and the model")
+    doctor.add_argument("--quick", action="store_true",
+                        help="config, persona and database only: no network (health checks)")
     sub.add_parser("migrate", parents=[common],
                    help="bring the database schema up to date, then exit")
+    _init_parser(sub, common)
+    audit = sub.add_parser("audit", parents=[common],
+                           help="print the audit log: approvals, tool runs, refusals, rules")
+    audit.add_argument("--since", metavar="WHEN",
+                       help="an age (30m, 12h, 7d) or a date/time (2026-12-01, UTC)")
+    audit.add_argument("--conversation", metavar="KEY",
+                       help="one conversation, as the log names it (telegram:123)")
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
     manifest = sub.add_parser(
         "slack-manifest", help="print a Slack app manifest (Create an app → From a manifest)",
         description="Print the Slack app manifest Tandem needs (scopes, events, the /tandem "
@@ -51,6 +62,43 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _init_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    init = sub.add_parser(
+        "init", parents=[common], help="set Tandem up: ask a few questions, write config.yaml "
+        "and .env, run doctor", description="Ask which platforms, the model and its key, "
+        "the tokens (checked with Telegram and Slack) and who may talk and approve; write "
+        "config.yaml and .env (the secrets, private to you); run `tandem doctor` on them. "
+        "Every question has a flag below; with --non-interactive nothing is asked, and "
+        "secrets may come from LLM_API_KEY, TELEGRAM_BOT_TOKEN, SLACK_BOT_TOKEN, "
+        "SLACK_APP_TOKEN and SLACK_SIGNING_SECRET instead of flags.")
+    init.add_argument("--dir", default=".", metavar="PATH",
+                      help="the folder to set up (default: this one)")
+    init.add_argument("--force", action="store_true",
+                      help="replace an existing config.yaml and .env without asking")
+    init.add_argument("--non-interactive", action="store_true",
+                      help="ask nothing: answers from the flags, else their defaults")
+    answers = init.add_argument_group("answers")
+    for flag, metavar, text in (
+            ("--platform", "NAME", "telegram, slack or both"),
+            ("--model", "NAME", "any litellm model name (default: openai/gpt-4o-mini)"),
+            ("--api-key", "KEY", "the model's API key (llm.api_key)"),
+            ("--api-base", "URL", "an OpenAI-compatible server or a proxy (llm.api_base)"),
+            ("--telegram-token", "TOKEN", "the bot token from @BotFather"),
+            ("--telegram-base-url", "URL", "a self-hosted Bot API server (telegram.base_url)"),
+            ("--slack-mode", "MODE", "socket (default) or http"),
+            ("--slack-bot-token", "TOKEN", "the Bot User OAuth Token (xoxb-…)"),
+            ("--slack-app-token", "TOKEN", "the App-Level Token (xapp-…), Socket Mode"),
+            ("--slack-signing-secret", "SECRET", "the Signing Secret, HTTP mode"),
+            ("--slack-base-url", "URL", "Slack's Web API (slack.base_url)"),
+            ("--allowed-users", "IDS", "who may talk, commas between ids (\"*\": everyone)"),
+            ("--approvers", "IDS", "who may approve anyone's risky tool calls"),
+            ("--telegram-allowed-users", "IDS", "as --allowed-users, for Telegram only"),
+            ("--telegram-approvers", "IDS", "as --approvers, for Telegram only"),
+            ("--slack-allowed-users", "IDS", "as --allowed-users, for Slack only"),
+            ("--slack-approvers", "IDS", "as --approvers, for Slack only")):
+        answers.add_argument(flag, metavar=metavar, help=text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.config = getattr(args, "config", None)
@@ -60,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "slack-manifest":
         return _slack_manifest(args)
+    if args.command == "init":
+        from bot.init_wizard import init
+
+        try:
+            return init(args)
+        except KeyboardInterrupt:
+            return 130
     from bot.errors import ConfigError
 
     try:
@@ -69,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from bot.doctor import doctor
 
-            return doctor(config)
+            return doctor(config, quick=args.quick)
+        if args.command == "audit":
+            from bot import audit_cli
+
+            return audit_cli.run(config, args.since, args.conversation, args.json)
         if args.command == "migrate":
             from bot.main import migrate
 
@@ -114,5 +173,5 @@ def _workers(config: object, args: argparse.Namespace) -> int:
     from bot import logs
     from bot.workers import supervise
 
-    logs.setup(20, config.secrets())
+    logs.setup(20, config.secrets(), format=config.logging.format)
     return supervise(args.workers, args.config, args.verbose)

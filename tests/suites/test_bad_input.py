@@ -43,6 +43,7 @@ from bot.access import Access
 from bot.buttons import ApprovalButton, pack, unpack
 from bot.events import Decision, Notice, TurnEnded, UserMessage, Verdict
 from bot.hub import Receipt
+from bot.watch import Watch
 from tests.conftest import Core, make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.suites.harness import (
@@ -176,6 +177,7 @@ class RecordingHub:
     def __init__(self, access: Access) -> None:
         self.access = access
         self.items: list[Any] = []
+        self.d = SimpleNamespace(watch=Watch())  # what the adapters report failed calls to
 
     async def submit(self, item: Any) -> Receipt:
         return await self.cancel(item)
