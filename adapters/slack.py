@@ -42,7 +42,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -53,7 +53,12 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.internals import parse_body
 from slack_bolt.response import BoltResponse
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import async_default_handlers
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
@@ -101,6 +106,8 @@ from bot.events import (
     UserMessage,
 )
 from bot.hub import Hub
+from bot.llm.failures import cause
+from bot.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,6 +132,30 @@ def _retry_after(exc: BaseException) -> float | None:
             return max(float(raw), 0.1)
         return 2.0 if status >= 500 else None
     return 2.0  # network trouble
+
+
+class _Failures(AsyncRetryHandler):
+    """Tells `watch` of each Web API attempt that failed (`PlatformCall`: its HTTP status,
+    429 when Slack limits the rate, 0 when no answer came). slack_sdk asks its retry
+    handlers about every answer; this one, asked first, never retries."""
+
+    def __init__(self, watch: Watch) -> None:
+        super().__init__(max_retry_count=0)
+        self.watch = watch
+
+    async def can_retry_async(self, *, state: RetryState, request: HttpRequest,
+                              response: HttpResponse | None = None,
+                              error: Exception | None = None) -> bool:
+        status = response.status_code if response is not None else 0
+        if status >= 400 or status == 0:
+            method = request.url.partition("?")[0].rpartition("/")[2]
+            method = method if _METHOD.fullmatch(method) else "other"  # an upload URL
+            await self.watch.see(PlatformCall(PLATFORM, method, status))
+        return False
+
+
+_METHOD = re.compile(r"[a-z]+(\.[A-Za-z]+)+")
+"""A Web API method's name (`chat.postMessage`), as a metric's label."""
 
 
 def _signed_only(secret: str) -> Any:
@@ -312,8 +343,9 @@ class SlackAdapter:
         self._session = aiohttp.ClientSession()
         base = self.slack.base_url if self.slack.base_url.endswith("/") \
             else self.slack.base_url + "/"
-        self._client = AsyncWebClient(token=self.slack.bot_token, base_url=base,
-                                      session=self._session)
+        self._client = AsyncWebClient(
+            token=self.slack.bot_token, base_url=base, session=self._session,
+            retry_handlers=[_Failures(self.hub.d.watch), *async_default_handlers()])
         self.files.client, self.files.session = self._client, self._session
         try:
             auth = await self._client.auth_test()
@@ -636,9 +668,9 @@ class SlackAdapter:
                     await self._refused(conv, who, receipt.note)
             case ApprovalButton(approval_id, verdict):
                 await self._submit(conv, Decision(conv, who, approval_id, verdict, ref=ref), who)
-            case ItemButton(kind, item_id):
-                name = "canceljob" if kind == "job" else "revoke"
-                await self._submit(conv, Command(conv, who, name, item_id, ref=ref), who)
+            case ItemButton() as item:
+                await self._submit(conv, Command(conv, who, item.command, item.item_id, ref=ref),
+                                   who)
 
     def _card_press(self, channel: str, ts: str, action_id: str) -> ButtonData | None:
         """A press without usable data on a decided card (a client showing the card as it
@@ -940,16 +972,109 @@ class SlackAdapter:
             await self._post(conv, QUEUED)  # reactions off: say it instead
 
 
+# -- checked live, for `tandem doctor` and `tandem init` --------------------------------
+
+CHECK_TIMEOUT_S = 5
+BOT_TOKEN_PREFIXES = ("xoxb-", "xoxe.xoxb-")  # the second: with token rotation on
+APP_TOKEN_PREFIX = "xapp-"
+
+
+@contextlib.asynccontextmanager
+async def _checking(token: str, base_url: str) -> AsyncIterator[AsyncWebClient]:
+    # The client's own `timeout` applies only to a session it makes itself: this one's
+    # is the one that counts (aiohttp's default is 5 minutes).
+    limit = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
+    async with aiohttp.ClientSession(trust_env=True, timeout=limit) as session:
+        yield AsyncWebClient(token=token, base_url=_slash(base_url), session=session,
+                             timeout=CHECK_TIMEOUT_S, retry_handlers=[])
+
+
+def _slash(base_url: str) -> str:
+    return base_url if base_url.endswith("/") else base_url + "/"
+
+
+async def _ask(call: Callable[[], Awaitable[AsyncSlackResponse]],
+               base_url: str) -> tuple[str, str, AsyncSlackResponse | None]:
+    """("ok", "", the answer), ("refused", Slack's error code, None) or ("unreachable",
+    "cannot reach <base_url> (why)", None)."""
+    try:
+        return "ok", "", await call()
+    except SlackApiError as exc:
+        return "refused", str(exc.response.get("error") or "an error"), None
+    except (SlackClientError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return "unreachable", f"cannot reach {base_url} ({cause(exc, CHECK_TIMEOUT_S)})", None
+
+
+def _whose(auth: AsyncSlackResponse) -> str:
+    return f"workspace {_str(auth.get('team'))} ({_str(auth.get('team_id'))}), " \
+           f"bot user @{_str(auth.get('user'))}"
+
+
+async def check_bot_token(token: str, base_url: str) -> tuple[str, str]:
+    """Ask Slack whose bot `token` is (auth.test), as `start` does. One of ("ok",
+    "workspace <name> (<id>), bot user @<name>"), ("malformed", why), ("refused", Slack's
+    error code) or ("unreachable", "cannot reach <base_url> (why)"); never the token."""
+    if not token.startswith(BOT_TOKEN_PREFIXES):
+        return "malformed", ("not a bot token (it starts with xoxb-: OAuth & Permissions → "
+                             "Bot User OAuth Token)")
+    async with _checking(token, base_url) as client:
+        outcome, text, auth = await _ask(client.auth_test, base_url)
+    return (outcome, _whose(auth)) if auth is not None else (outcome, text)
+
+
+async def check_app_token(token: str, base_url: str) -> tuple[str, str]:
+    """Whether Slack lets the app-level `token` open Socket Mode connections
+    (apps.connections.open: it hands out an address, nothing connects). Outcomes as
+    `check_bot_token`'s; "ok" comes with an empty text."""
+    if not token.startswith(APP_TOKEN_PREFIX):
+        return "malformed", ("not an app-level token (it starts with xapp-: Basic Information "
+                             "→ App-Level Tokens, with the connections:write scope)")
+    async with _checking(token, base_url) as client:
+        outcome, text, _ = await _ask(partial(client.apps_connections_open, app_token=token),
+                                      base_url)
+    return outcome, text
+
+
+def _line(what: str, key: str, outcome: str, text: str) -> tuple[str, str, str]:
+    if outcome == "refused":
+        return what, "fail", f"Slack refused {key} ({text})"
+    if outcome == "malformed":
+        return what, "fail", f"{key} is {text}"
+    return what, "fail", text
+
+
 async def check(config: Config) -> list[tuple[str, str, str]]:
-    """`tandem doctor`: whether the bot token has the scopes files need."""
-    base = config.slack.base_url if config.slack.base_url.endswith("/") \
-        else config.slack.base_url + "/"
-    if not config.slack.bot_token:
-        return []
-    async with aiohttp.ClientSession() as session:
-        client = AsyncWebClient(token=config.slack.bot_token, base_url=base, session=session,
-                                timeout=10)
-        return await check_files(client)
+    """`tandem doctor`: whether Slack takes slack.bot_token (auth.test), and then whether
+    it has the scopes files need; in Socket Mode, at the same time, slack.app_token."""
+    slack = config.slack
+    if not slack.bot_token:
+        return []  # the doctor says so itself
+    checks = [_check_bot(config)]
+    if slack.mode == "socket" and slack.app_token:
+        checks.append(_check_app(config))
+    return [line for lines in await asyncio.gather(*checks) for line in lines]
+
+
+async def _check_bot(config: Config) -> list[tuple[str, str, str]]:
+    slack = config.slack
+    async with _checking(slack.bot_token or "", slack.base_url) as client:
+        outcome, text, auth = await _ask(client.auth_test, slack.base_url)
+        if auth is None:
+            return [_line("slack", "slack.bot_token", outcome, text)]
+        try:
+            _home_team(slack.team_id, auth)
+        except ConfigError as exc:
+            return [("slack", "fail", f"{exc.key} {exc.problem}")]
+        return [("slack", "ok", f"signed in to {_whose(auth)} (auth.test)"),
+                *await check_files(client)]
+
+
+async def _check_app(config: Config) -> list[tuple[str, str, str]]:
+    outcome, text = await check_app_token(config.slack.app_token or "", config.slack.base_url)
+    if outcome == "ok":
+        return [("slack app token", "ok", "may open Socket Mode connections "
+                 "(apps.connections.open)")]
+    return [_line("slack app token", "slack.app_token", outcome, text)]
 
 
 def create(config: Config, hub: Hub, dispatch: Dispatch, **options: Any) -> SlackAdapter:

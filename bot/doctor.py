@@ -1,10 +1,17 @@
-"""`tandem doctor`: check what Tandem needs and say what is wrong in plain words."""
+"""`tandem doctor`: check what Tandem needs and say what is wrong in plain words.
+
+The checks that wait on something else (the database, each platform's service, the MCP
+servers, the model) run at once, while litellm, which takes seconds to import, loads in
+a thread from the start. `quick` checks the config, the persona and the database only:
+no network and no litellm, for a container's health check.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from bot.config import Config
@@ -12,18 +19,20 @@ from bot.file_modes import too_open
 from bot.persona import Persona
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
+Result = tuple[str, str, str]
+"""(what, OK | BAD | WARN, text): one line of the report."""
+NO_PLATFORM = ("no platform is enabled (telegram.enabled, slack.enabled): `tandem run` would "
+               "talk in this terminal; `tandem init` sets one up")
 
 
-def doctor(config: Config) -> int:
+def doctor(config: Config, *, quick: bool = False) -> int:
+    """Print one line per check and a verdict; 1 when a check failed, else 0."""
     logging.disable(logging.WARNING)
-    results = [("config", OK, f"loaded from {config.source or 'built-in defaults'}")]
-    results += _persona(config)
-    results += asyncio.run(_database(config))
-    results += privacy(config)
-    results += _platforms(config)
-    results += asyncio.run(_platform_checks(config))
-    results += asyncio.run(_mcp(config))
-    results += asyncio.run(_model(config))
+    if not quick:
+        from bot.llm import preload
+
+        preload()
+    results = asyncio.run(_quick(config) if quick else _everything(config))
     for name, status, text in results:
         print(f"[{status}] {name}: {text}")
     failed = sum(1 for _, status, _ in results if status == BAD)
@@ -31,15 +40,34 @@ def doctor(config: Config) -> int:
     return 1 if failed else 0
 
 
-def _persona(config: Config) -> list[tuple[str, str, str]]:
+async def _quick(config: Config) -> list[Result]:
+    return [("config", OK, f"loaded from {config.source or 'built-in defaults'}"),
+            *_persona(config), *await _database(config)]
+
+
+async def _everything(config: Config) -> list[Result]:
+    local, live, mcp, model = await asyncio.gather(
+        _quick(config), _platform_checks(config), _mcp(config), _model(config))
+    return [*local, *privacy(config), *_by_platform([*_platforms(config), *live]), *mcp, *model]
+
+
+def _by_platform(results: list[Result]) -> list[Result]:
+    """Each platform's lines together, who may talk last."""
+    order = ("platforms", "telegram", "slack")
+    return sorted(results, key=lambda r: (order.index(r[0].split()[0]), r[0].endswith(" access")))
+
+
+def _persona(config: Config) -> list[Result]:
     persona = Persona(config.persona.dir)
+    if persona.packaged():
+        return [("persona", WARN, persona.note())]
     missing = persona.missing()
     if missing:
         return [("persona", BAD, f"missing in {config.persona.dir}/: {', '.join(missing)}")]
     return [("persona", OK, f"{config.persona.dir}/ ({len(persona.system_prompt())} chars)")]
 
 
-async def _database(config: Config) -> list[tuple[str, str, str]]:
+async def _database(config: Config) -> list[Result]:
     from bot.errors import StoreError
     from bot.store.backends import open_store
 
@@ -88,7 +116,7 @@ def _private_paths(config: Config) -> list[Path]:
     return paths
 
 
-def privacy(config: Config) -> list[tuple[str, str, str]]:
+def privacy(config: Config) -> list[Result]:
     """Warn when other users of the machine can open the database or the memory files."""
     open_ = [p for p in _private_paths(config) if too_open(p)]
     if not open_:
@@ -103,45 +131,60 @@ def privacy(config: Config) -> list[tuple[str, str, str]]:
              f"conversations or memory. Fix: {'; '.join(fixes)}")]
 
 
-def _platforms(config: Config) -> list[tuple[str, str, str]]:
-    out = []
+def _platforms(config: Config) -> list[Result]:
+    """What the config says of each platform: secrets set, and who may talk."""
+    out: list[Result] = []
+    if not (config.telegram.enabled or config.slack.enabled):
+        return [("platforms", WARN, NO_PLATFORM)]
     if config.telegram.enabled:
         if not config.telegram.token:
             out.append(("telegram", BAD, "telegram.token is not set"))
-        elif not config.telegram.allowed_users:
-            out.append(("telegram", WARN, "telegram.allowed_users is empty: nobody can talk"))
-        else:
-            users = config.telegram.allowed_users
-            who = "everyone may talk (\"*\")" if "*" in users else f"{len(users)} allowed users"
-            out.append(("telegram", OK, who))
+        out.append(_access("telegram", config.telegram.allowed_users,
+                           config.telegram.approvers))
     if config.slack.enabled:
         need = ["bot_token", "app_token" if config.slack.mode == "socket" else "signing_secret"]
         missing = [k for k in need if not getattr(config.slack, k)]
         if missing:
             out.append(("slack", BAD, ", ".join(f"slack.{k} is not set" for k in missing)))
-        else:
-            out.append(("slack", OK, f"{config.slack.mode} mode"))
+        out.append(_access("slack", config.slack.allowed_users, config.slack.approvers))
     return out
 
 
-async def _platform_checks(config: Config) -> list[tuple[str, str, str]]:
-    """What each enabled platform's adapter finds by asking its service (an adapter
-    module may offer `check(config)`: [(name, ok | warn | fail, text)])."""
+def _access(platform: str, allowed: Sequence[int | str], approvers: Sequence[int | str]) -> Result:
+    what = f"{platform} access"
+    if not allowed and not approvers:
+        return (what, WARN, f"{platform}.allowed_users and {platform}.approvers are empty: "
+                "nobody can talk to Tandem (message the bot: it tells a stranger their id)")
+    users = "everyone may talk (\"*\")" if "*" in allowed else _count(len(allowed),
+                                                                      "allowed user")
+    return (what, OK, f"{users}, {_count(len(approvers), 'approver')}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+async def _platform_checks(config: Config) -> list[Result]:
+    """What each enabled platform's adapter finds by asking its service, all at once (an
+    adapter module may offer `check(config)`: [(name, ok | warn | fail, text)])."""
     import importlib
 
-    out = []
     statuses = {"ok": OK, "warn": WARN, "fail": BAD}
+    checks = []
     for name in ("telegram", "slack"):
         if not getattr(config, name).enabled:
             continue
         check = getattr(importlib.import_module(f"adapters.{name}"), "check", None)
         if check is not None:
-            out += [(what, statuses[status], text) for what, status, text in await check(config)]
-    return out
+            checks.append(check(config))
+    found = await asyncio.gather(*checks)
+    return [(what, statuses[status], text) for lines in found for what, status, text in lines]
 
 
-async def _mcp(config: Config) -> list[tuple[str, str, str]]:
+async def _mcp(config: Config) -> list[Result]:
     """Connect to each enabled MCP server once and say how it went."""
+    if not any(server.enabled for server in config.mcp.servers.values()):
+        return []  # and the MCP library stays unloaded
     from bot.mcp import Servers
     from bot.tools import Registry
 
@@ -168,7 +211,7 @@ async def _mcp(config: Config) -> list[tuple[str, str, str]]:
     return results
 
 
-async def _model(config: Config) -> list[tuple[str, str, str]]:
+async def _model(config: Config) -> list[Result]:
     from bot import llm as models
     from bot.errors import ModelError, ModelUnreachable
     from bot.llm import Completion, LiteLLMClient
