@@ -110,6 +110,8 @@ from bot.llm.failures import cause
 from bot.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 60.0
+"""Slack calls: time to connect, and the longest silence while reading an answer."""
 T = TypeVar("T")
 Live = LiveMessage[str | None]
 NETWORK_ERRORS = (SlackApiError, aiohttp.ClientError, TimeoutError)
@@ -340,7 +342,10 @@ class SlackAdapter:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        # slack_sdk's own timeout does not reach a session it is given: this one's limits
+        # keep a Slack that accepts and never answers from holding a call for minutes
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S))
         base = self.slack.base_url if self.slack.base_url.endswith("/") \
             else self.slack.base_url + "/"
         self._client = AsyncWebClient(
