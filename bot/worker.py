@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from bot import commands
 from bot import turn as t
-from bot.access import Access
+from bot.access import LOCAL_PLATFORMS, Access
 from bot.approvals import Approvals
 from bot.commands import CommandContext, Reset
 from bot.conversation import Conversation
@@ -210,8 +210,7 @@ class Worker:
         ctx = CommandContext(self.d.config, self.d.store, self.d.prompt,
                              self.runner.window, self.lanes.running(conv.row.key),
                              self.scheduler, self.d.mcp.status, self._backend,
-                             self.approvals.access.is_approver(conv.row.key.platform,
-                                                               cmd.user.id),
+                             self._approver(conv.row.key.platform, cmd.user),
                              self.runner.budget, self.d.watch)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
@@ -222,6 +221,12 @@ class Worker:
                 self.convs.drop(conv.row.key)
             else:
                 await self.d.emit(out)
+
+    def _approver(self, platform: str, user: User) -> bool:
+        """May use the approvers' commands (`/audit`, a budget's lift): an approver, or
+        the person at the terminal (who runs Tandem)."""
+        return platform in LOCAL_PLATFORMS or self.approvals.access.is_approver(platform,
+                                                                               user.id)
 
     async def _backend(self) -> str:
         target = self.d.config.store.target

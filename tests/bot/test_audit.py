@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,10 +12,14 @@ import pytest
 from bot import audit_cli, redact
 from bot import watch as w
 from bot.audit import Audit, line
+from bot.buttons import ItemButton, unpack
+from bot.config import Config
 from bot.errors import ConfigError
-from bot.events import ConvKey
+from bot.events import Command, ConvKey, Notice, TurnEnded, User
 from bot.store import Store
 from bot.store.backends import open_store
+from tests.conftest import Core
+from tests.fakes.model_server import FakeModelServer, Reply
 
 KEY = ConvKey("telegram", "5")
 SECRET = "sk-live-0123456789abcdef"
@@ -65,3 +69,32 @@ def test_since_reads_ages_and_dates_and_names_a_bad_value() -> None:
         datetime(2026, 12, 1, 8, 30, tzinfo=UTC).timestamp()
     with pytest.raises(ConfigError, match="--since.*neither an age"):
         audit_cli.since("last tuesday", now)
+
+
+async def test_a_conversation_budget_in_the_terminal_and_its_lift_by_the_person_there(
+        config_factory: Callable[..., Config], model: FakeModelServer) -> None:
+    """The terminal's person runs Tandem: they may lift a budget (and read `/audit`);
+    a conversation's budget counts whoever asks, in cost too."""
+    model.script(Reply(text="one", usage=(400, 100)), Reply(text="two", usage=(10, 1)))
+    config = config_factory(limits__budget={"per_conversation_day": {"tokens": 500}})
+    async with Core(config) as core:
+        await core.say("first")
+        await core.sink.wait(lambda: core.sink.of(TurnEnded))
+        await core.hub.idle()
+        await core.say("second", user=User("u2", "Bob"))
+        ended = await core.sink.wait(lambda: core.sink.of(TurnEnded)[1:])
+        assert ended[0].reason == "budget" and "this conversation's daily budget" in \
+            ended[0].text and "500 of 500 tokens" in ended[0].text
+        notice = next(n for n in core.sink.of(Notice) if n.buttons)
+        lift = unpack(notice.buttons[0].data)
+        assert isinstance(lift, ItemButton) and lift.kind == "budget"
+        assert len(model.requests) == 1
+        await core.hub.submit(Command(core.key, core.user, lift.command, lift.item_id))
+        await core.sink.wait(lambda: any("lifted for today" in n.text
+                                         for n in core.sink.of(Notice)))
+        await core.say("third")
+        await core.sink.wait(lambda: any(e.text == "two" for e in core.sink.of(TurnEnded)))
+        await core.hub.submit(Command(core.key, core.user, "audit", ""))
+        shown = await core.sink.wait(lambda: [n for n in core.sink.of(Notice)
+                                              if "audit entries" in n.text])
+        assert "budget" in shown[0].text and "change=lifted" in shown[0].text
