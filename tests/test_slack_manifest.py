@@ -39,6 +39,8 @@ BOLT_TO_SUBSCRIPTIONS = {"message": set(sm.MESSAGE_EVENTS)}
 # reference); `conversations.replies` reads threads in every kind of conversation.
 METHOD_SCOPES: dict[str, set[str]] = {
     "auth_test": set(),
+    "apps_connections_open": set(),  # `tandem doctor`, with the app-level token (its own
+                                     # scope, connections:write, is not a bot scope)
     "chat_postMessage": {"chat:write"},
     "chat_update": {"chat:write"},
     "chat_delete": {"chat:write"},
