@@ -346,8 +346,7 @@ class SlackAdapter:
         # keep a Slack that accepts and never answers from holding a call for minutes
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S))
-        base = self.slack.base_url if self.slack.base_url.endswith("/") \
-            else self.slack.base_url + "/"
+        base = _slash(self.slack.base_url)
         self._client = AsyncWebClient(
             token=self.slack.bot_token, base_url=base, session=self._session,
             retry_handlers=[_Failures(self.hub.d.watch), *async_default_handlers()])

@@ -9,7 +9,7 @@ import importlib
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from bot import llm, logs, redact
 from bot.app import Dispatch, build
@@ -18,9 +18,6 @@ from bot.config import Config
 from bot.errors import ConfigError, StoreError, StoreUnusable, TandemError
 from bot.hub import Hub
 from bot.store import Store
-
-if TYPE_CHECKING:
-    from bot.metrics import Metrics
 
 log = logging.getLogger("tandem")
 SCHEDULE_SYNC_S = 2.0
@@ -82,9 +79,8 @@ async def _serve(config: Config, chat: bool) -> int:
     hub, dispatch = build(config, cluster=cluster)
     await hub.d.store.open()
     platforms: list[Platform] = []
-    metrics = None
     try:
-        metrics = await _serve_metrics(config, hub, chat)
+        await _serve_metrics(config, hub, chat)
         await _kill_orphans(hub.d.store, owner_id(cluster is not None))
         names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
@@ -124,25 +120,24 @@ async def _serve(config: Config, chat: bool) -> int:
         log.error("%s", exc)
         return 1
     finally:
-        await _close(hub, cluster, platforms, metrics)
+        await _close(hub, cluster, platforms)
 
 
-async def _serve_metrics(config: Config, hub: Hub, chat: bool) -> Metrics | None:
-    """The `/metrics` endpoint on `metrics.listen` (`build` added its watcher); not for
-    `tandem chat`, which may run beside the service with the same config."""
+async def _serve_metrics(config: Config, hub: Hub, chat: bool) -> None:
+    """The `/metrics` endpoint on `metrics.listen` (`build` added its watcher, and
+    `hub.close` stops it); not for `tandem chat`, which may run beside the service with
+    the same config."""
     if chat or not config.metrics.listen:
-        return None
+        return
     from bot import metrics
 
     watcher = metrics.of(hub.d.watch.watchers)
     if watcher is not None:  # one port per worker of `tandem run --workers N`
         await watcher.serve(metrics.for_worker(config.metrics.listen,
                                                os.environ.get("TANDEM_WORKER")))
-    return watcher
 
 
-async def _close(hub: Hub, cluster: Cluster | None, platforms: list[Platform],
-                 metrics: Metrics | None) -> None:
+async def _close(hub: Hub, cluster: Cluster | None, platforms: list[Platform]) -> None:
     await hub.close()
     if cluster is not None:
         await cluster.close()
@@ -152,8 +147,6 @@ async def _close(hub: Hub, cluster: Cluster | None, platforms: list[Platform],
             await platform.stop()
     if hub.scheduler is not None:
         hub.scheduler.shutdown()
-    if metrics is not None:
-        await metrics.close()
     await hub.d.store.close()
     await llm.close()  # litellm's HTTP clients, while this loop still runs
 

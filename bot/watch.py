@@ -8,6 +8,7 @@ it cares about. The audit log (`bot.audit`) appends them to the store; the metri
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,17 +152,19 @@ class Watch:
 
     async def flush(self) -> None:
         """Whatever a watcher keeps back is written now (before reading the audit log)."""
-        for watcher in self.watchers:
-            flush = getattr(watcher, "flush", None)
-            if flush is not None:
-                await flush()
+        for flush in self._hooks("flush"):
+            await flush()
 
     async def close(self) -> None:
-        """Before the store closes: each watcher writes what it kept back."""
-        for watcher in self.watchers:
-            close = getattr(watcher, "close", None)
-            if close is not None:
-                try:
-                    await close()
-                except Exception:
-                    log.warning("could not close %s", type(watcher).__name__, exc_info=True)
+        """Before the store closes: each watcher writes what it kept back (and the
+        metrics endpoint stops)."""
+        for close in self._hooks("close"):
+            try:
+                await close()
+            except Exception:
+                log.warning("could not close a watcher", exc_info=True)
+
+    def _hooks(self, name: str) -> list[Callable[[], Awaitable[None]]]:
+        """The watchers' `name` methods, where they have one."""
+        return [hook for watcher in self.watchers
+                if (hook := getattr(watcher, name, None)) is not None]
