@@ -121,6 +121,11 @@ class LiveMessage(Generic[Ref]):
         """The messages on screen, in order."""
         return [shown.ref for shown in self._shown]
 
+    @property
+    def cancellable(self) -> bool:
+        """The placeholder carries ⏹ Cancel until its final text."""
+        return self._final is None
+
     async def open(self, text: str, *, delay: float = 0.0) -> None:
         """Post the placeholder (with the Cancel button): now, or in the background after
         `delay` seconds unless the turn has finished by then."""
@@ -174,6 +179,15 @@ class LiveMessage(Generic[Ref]):
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    def answer(self, text: str) -> None:
+        """The answer so far: shown like a status, soon."""
+        self.update(text)
+
+    async def pause(self, said: str) -> bool:
+        """The placeholder says that the turn waits for an approval."""
+        await self.finish(paused_for_approval(said))
+        return True
 
     async def finish(self, text: str) -> None:
         """Deliver the final text (buttons removed), split across messages if needed."""

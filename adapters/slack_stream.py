@@ -13,7 +13,8 @@ takes longer than the placeholder delay), which the stream replaces. When the an
 change rather than grow (the model starts over after a tool, the text outgrows one
 message) or Slack refuses a stream, the message is stopped and carries on as a
 `LiveMessage`, edited by `chat.update`; a refusal also marks the channel as one without
-streams. `SlackStream` offers the `LiveMessage` methods the adapter uses.
+streams. `SlackStream` is a `Live` surface like `LiveMessage`; while it streams (or shows
+only a status line) the edge offers ⏹ Cancel beside it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.live import LiveMessage
+from adapters.live import LiveMessage, paused_for_approval
 
 log = logging.getLogger(__name__)
 Live = LiveMessage[str | None]
@@ -92,6 +93,12 @@ class SlackStream:
         ours: list[str | None] = [self.ts] if self.ts else []
         return ours or (self.placeholder.refs if self.placeholder is not None else [])
 
+    @property
+    def cancellable(self) -> bool:
+        """A placeholder (before the stream, or after it) carries ⏹ Cancel; a stream and
+        a status line do not."""
+        return self.live is not None or (self.ts is None and self.placeholder is not None)
+
     async def open(self, status: str, *, delay: float = 0.0) -> None:
         """Show the status; the stream itself starts no sooner than `delay` from now, so
         a quick answer is one message."""
@@ -134,6 +141,19 @@ class SlackStream:
             await self.live.show()
         elif self.ts is None and self.placeholder is not None:
             await self.placeholder.show()
+
+    async def pause(self, said: str) -> bool:
+        """Waiting for approval: the message says so; with only a status line shown, what
+        the model said goes as a message of its own (the card says the rest)."""
+        if self.refs:
+            await self.finish(paused_for_approval(said))
+            return True
+        await self.close()
+        if said.strip():
+            live = self._new_live()
+            await live.finish(said)
+            await live.close()
+        return False
 
     async def finish(self, text: str) -> None:
         await self._stop_loop()

@@ -5,12 +5,11 @@ client, without a message in the chat until the answer is done: then it is sent 
 (split if long), which also replaces the draft. A draft lives about 30 s after its last
 update, so a quiet turn (a long tool run) refreshes it. Drafts go through the chat's
 pacer like every other call, so they never reach flood control. A draft has no buttons:
-its status line says how to stop the turn (`/stop`).
+the edge offers ⏹ Cancel beside it (`adapters.edge.turns`).
 
 Where Telegram refuses a draft (an older server, a chat without drafts), the turn falls
 back to a `LiveMessage` — a placeholder with ⏹ Cancel, edited — and the chat is
-remembered as one without drafts. `Draft` offers the `LiveMessage` methods the adapter
-uses, so the adapter holds either.
+remembered as one without drafts. `Draft` is a `Live` surface like `LiveMessage`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from adapters.telegram_api import BotApi, Posted
 log = logging.getLogger(__name__)
 KEEP_ALIVE_S = 20.0
 """Seconds after which an unchanged draft is sent again (Telegram drops it after ~30 s)."""
-STOP_HINT = "/stop to cancel"
 
 
 class Draft:
@@ -55,8 +53,8 @@ class Draft:
         self._sent: list[Posted] = []
         self._done = False
         self.drafts = 0
-        self.answer = ""
-        """The answer streamed so far (the adapter sets it; status lines are not it)."""
+        self.said = ""
+        """The answer streamed so far (status lines are not it)."""
         self.answered = False
         """The answer so far was sent as a message (above an approval card)."""
 
@@ -69,6 +67,11 @@ class Draft:
         self._wanted = text
         self._task = asyncio.get_running_loop().create_task(self._loop(delay))
 
+    @property
+    def cancellable(self) -> bool:
+        """Only the placeholder it fell back to has a ⏹ of its own."""
+        return self.live is not None
+
     def adopt(self, ref: Posted) -> None:
         self._sent.append(ref)
 
@@ -79,15 +82,28 @@ class Draft:
         self._wanted = text
         self._wake.set()
 
+    def answer(self, text: str) -> None:
+        self.said = text
+        self.update(text)
+
+    async def pause(self, said: str) -> bool:
+        """Waiting for approval: the placeholder says so, if there is one; a draft leaves
+        only what the model said (the card says the rest)."""
+        if self.live is not None:
+            return await self.live.pause(said)
+        if said.strip() and not self.answered:
+            await self.finish(said)
+        return False
+
     async def show(self) -> None:
         """The answer so far as a message now (above an approval card); nothing when
         there is none yet."""
         if self.live is not None:
             await self.live.show()
-        elif self.answer.strip() and not self.answered:
+        elif self.said.strip() and not self.answered:
             self.answered = True
             await self._stop()
-            for part in split_text(self.answer, self.limit):
+            for part in split_text(self.said, self.limit):
                 self._sent.append(await self._send(part))
 
     async def finish(self, text: str) -> None:
