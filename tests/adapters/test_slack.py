@@ -27,7 +27,9 @@ from slack_bolt.request.payload_utils import to_action
 from slack_bolt.response import BoltResponse
 
 from adapters.live import QUEUED
-from adapters.slack import SlackUnavailable, _on_bolt_error, _signed_only, create
+from adapters.slack import SlackUnavailable, create
+from adapters.slack_http import on_bolt_error as _on_bolt_error
+from adapters.slack_http import signed_only as _signed_only
 from adapters.slack_render import teams
 from bot.app import build
 from bot.buttons import CancelButton, pack

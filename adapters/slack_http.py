@@ -1,0 +1,157 @@
+"""Slack's requests as they reach Tandem: the HTTP mode's checks and bolt's error handling.
+
+`signed_only` is the aiohttp middleware of HTTP mode: it refuses what is not signed with
+the signing secret, and what bolt could not read, before bolt sees it. `on_bolt_error`
+acks what no listener takes (so Slack does not retry it) and logs what failed once.
+`Failures` tells the watchers of every Web API call that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.error import BoltUnhandledRequestError
+from slack_bolt.request.internals import parse_body
+from slack_bolt.response import BoltResponse
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
+from slack_sdk.signature import SignatureVerifier
+
+from adapters import slack_render as render
+from adapters.slack_render import PLATFORM
+from bot.watch import PlatformCall, Watch
+
+log = logging.getLogger(__name__)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def as_str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class Failures(AsyncRetryHandler):
+    """Tells `watch` of each Web API attempt that failed (`PlatformCall`: its HTTP status,
+    429 when Slack limits the rate, 0 when no answer came). slack_sdk asks its retry
+    handlers about every answer; this one, asked first, never retries."""
+
+    def __init__(self, watch: Watch) -> None:
+        super().__init__(max_retry_count=0)
+        self.watch = watch
+
+    async def can_retry_async(self, *, state: RetryState, request: HttpRequest,
+                              response: HttpResponse | None = None,
+                              error: Exception | None = None) -> bool:
+        status = response.status_code if response is not None else 0
+        if status >= 400 or status == 0:
+            method = request.url.partition("?")[0].rpartition("/")[2]
+            method = method if _METHOD.fullmatch(method) else "other"  # an upload URL
+            await self.watch.see(PlatformCall(PLATFORM, method, status))
+        return False
+
+
+_METHOD = re.compile(r"[a-z]+(\.[A-Za-z]+)+")
+"""A Web API method's name (`chat.postMessage`), as a metric's label."""
+
+
+def signed_only(secret: str) -> Any:
+    """Refuse (401) anything not signed with `secret` within 5 minutes, malformed headers
+    and bodies that are not UTF-8 (Slack's signature is over UTF-8 text) included, and
+    (400, one log line) a signed body bolt could not read, before bolt parses it: bolt
+    would answer that with a 500, which Slack retries. Whatever bolt still raises outside
+    its own error handling (building its request, or in that handler) is answered as
+    `_failed` decides, never with aiohttp's 500 and traceback."""
+    verifier = SignatureVerifier(secret)
+
+    def signed(body: bytes, stamp: str, signature: str) -> bool:
+        try:
+            return stamp.isdigit() and verifier.is_valid(body=body.decode(), timestamp=stamp,
+                                                         signature=signature)
+        except UnicodeDecodeError:
+            return False
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        body = await request.read()
+        if not signed(body, request.headers.get("X-Slack-Request-Timestamp", ""),
+                      request.headers.get("X-Slack-Signature", "")):
+            return web.json_response({"error": "invalid request"}, status=401)
+        problem = _unreadable(body, request.content_type, request.charset)
+        if problem is not None:
+            log.warning("slack: refused a signed request whose body is %s", problem)
+            return web.json_response({"error": "invalid payload"}, status=400)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # past bolt's own error handler; see `_failed`
+            return web.json_response({"error": "request failed"}, status=_failed(exc))
+        return response
+
+    return check
+
+
+def _unreadable(raw: bytes, content_type: str, charset: str | None) -> str | None:
+    """What is wrong with a request body, read the way bolt reads it (JSON, or a form with
+    a JSON `payload`, or a slash command's form); None when nothing is."""
+    try:
+        body = parse_body(raw.decode(charset or "utf-8"), content_type)
+    except (UnicodeDecodeError, LookupError):
+        return f"not {charset or 'UTF-8'} text"
+    except ValueError:
+        return "not valid JSON"
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    if not (isinstance(body.get("type"), str) or "command" in body or "ssl_check" in body):
+        return "without a type"
+    odd = render.odd_shape(body)
+    return None if odd is None else f"misshapen: {odd}"
+
+
+async def on_bolt_error(error: Exception, body: dict[str, Any],
+                         response: BoltResponse | None) -> BoltResponse | None:
+    """Bolt's error handler (`app.error`), in both modes, for what its dispatch raised.
+
+    A payload no listener takes (an event or interaction Tandem does not handle) is acked
+    with an empty 200: bolt's default is a 404 that Slack retries. Any other error is
+    logged once by `_failed`; when it came before the ack (after one, bolt passes no
+    `response`), the request is answered with the status `_failed` picks."""
+    if isinstance(error, BoltUnhandledRequestError):
+        log.debug("slack: acked a %s payload that nothing handles",
+                  as_str(body.get("type")) or "typeless")
+        return BoltResponse(status=200, body="")
+    status = _failed(error)
+    return None if response is None else BoltResponse(status=status, body="")
+
+
+def _failed(error: BaseException) -> int:
+    """Log what handling a request raised, once, and the status to answer it with.
+
+    Raised with Tandem's code on the stack (a listener, the workspace check): Tandem's bug,
+    logged with its traceback, a 500. Raised inside slack-bolt alone: a payload of a shape
+    `render.odd_shape` does not know that bolt could not read, one line, a 400 (Slack
+    retries a 5xx, and the same payload would fail the same way again)."""
+    if _raised_in_tandem(error):
+        log.error("slack: handling a request failed", exc_info=error)
+        return 500
+    what = f"{type(error).__name__}: {error}".replace("\n", " ")[:200]
+    log.warning("slack: refused a payload slack-bolt could not read (%s)", what)
+    return 400
+
+
+def _raised_in_tandem(error: BaseException) -> bool:
+    """Whether a frame of Tandem's (`adapters`, `bot`) lies between the frame that caught
+    `error` and the one that raised it."""
+    tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("adapters.", "bot.")):
+            return True
+        tb = tb.tb_next
+    return False
