@@ -60,7 +60,7 @@ class SlackChat:
 
     def __init__(self, hub: Hub, slack: SlackConfig, client: Callable[[], AsyncWebClient],
                  *, min_edit_interval: float) -> None:
-        self.hub, self.slack, self.client = hub, slack, client
+        self.hub, self.slack, self._client = hub, slack, client
         self.min_edit_interval = min_edit_interval
         self.team: str | None = None
         self.closed = False
@@ -72,6 +72,10 @@ class SlackChat:
         self._holds: dict[str, float] = {}
         self._no_streams: set[str] = set()
         """Channels where Slack refused a stream."""
+
+    @property
+    def client(self) -> AsyncWebClient:
+        return self._client()
 
     async def call(self, fn: Callable[[], Awaitable[T]], deadline: float = FINAL_DEADLINE_S,
                    channel: str | None = None) -> T:
@@ -114,13 +118,13 @@ class SlackChat:
         where = StreamWhere(channel, thread, None if dm else (self.team or "", asker or ""))
         status = partial(self._assistant_status, channel, thread) \
             if dm and self.slack.assistant.enabled else None
-        return SlackStream(self.client(), where, min_interval=self.min_edit_interval,
+        return SlackStream(self.client, where, min_interval=self.min_edit_interval,
                            live=lambda: self._placeholder(conv, turn),
                            refused=self._no_streams.add, status=status)
 
     async def _assistant_status(self, channel: str, thread: str, text: str) -> None:
         """The assistant thread's status line ("is thinking…", "is running `shell`…")."""
-        await self.client().assistant_threads_setStatus(
+        await self.client.assistant_threads_setStatus(
             channel_id=channel, thread_ts=thread, status=render.assistant_status(text))
 
     def _placeholder(self, conv: ConvKey, turn: int) -> Live:
@@ -158,7 +162,7 @@ class SlackChat:
             return None
         out = render.live(text, cancel=live, turn=turn)
         try:
-            resp = await self.client().chat_postMessage(
+            resp = await self.client.chat_postMessage(
                 channel=conv.chat_id, thread_ts=conv.thread_id, text=out.text,
                 blocks=out.blocks)
         except NETWORK_ERRORS as exc:
@@ -173,7 +177,7 @@ class SlackChat:
             return
         out = render.live(text, cancel=live, turn=turn)
         try:
-            await self.client().chat_update(channel=conv.chat_id, ts=ts, text=out.text,
+            await self.client.chat_update(channel=conv.chat_id, ts=ts, text=out.text,
                                             blocks=out.blocks)
         except NETWORK_ERRORS as exc:
             self._limited(conv.chat_id, exc)
@@ -191,7 +195,7 @@ class SlackChat:
 
     async def _post_blocks(self, conv: ConvKey, text: str,
                            blocks: list[render.Block]) -> AsyncSlackResponse:
-        return await self.call(lambda: self.client().chat_postMessage(
+        return await self.call(lambda: self.client.chat_postMessage(
             channel=conv.chat_id, thread_ts=conv.thread_id, text=text, blocks=blocks),
             channel=conv.chat_id)
 
@@ -209,7 +213,7 @@ class SlackChat:
             return
         channel = conv.chat_id
         try:
-            await self.call(partial(self.client().chat_delete, channel=channel, ts=ts),
+            await self.call(partial(self.client.chat_delete, channel=channel, ts=ts),
                             deadline=30.0, channel=channel)
         except NETWORK_ERRORS:
             log.info("slack: could not delete %s in %s", ts, channel, exc_info=True)
@@ -218,7 +222,7 @@ class SlackChat:
         try:
             for out in render.messages(text):
                 await self.call(partial(
-                    self.client().chat_postEphemeral, channel=conv.chat_id, user=user.id,
+                    self.client.chat_postEphemeral, channel=conv.chat_id, user=user.id,
                     thread_ts=conv.thread_id, text=out.text, blocks=out.blocks), deadline=30.0)
         except NETWORK_ERRORS:
             log.warning("slack: could not tell %s privately in %s", user.id, conv,
@@ -230,7 +234,7 @@ class SlackChat:
         if ref is None or not ref.startswith(prefix):
             return True  # not a message of this channel's: nothing to mark
         try:
-            await self.call(lambda: self.client().reactions_add(
+            await self.call(lambda: self.client.reactions_add(
                 channel=conv.chat_id, timestamp=ref.removeprefix(prefix), name="eyes"),
                 deadline=30.0)
         except SlackApiError as exc:
@@ -260,7 +264,7 @@ class SlackChat:
         channel, ts = str(where.get("channel")), str(where.get("ts"))
         remember(self.card_at, (channel, ts), approval_id)
         try:
-            await self.call(lambda: self.client().chat_update(
+            await self.call(lambda: self.client.chat_update(
                 channel=channel, ts=ts, text=line, blocks=render.decided(blocks, line)),
                 channel=channel)
         except SlackApiError:

@@ -50,7 +50,7 @@ def _ts_order(ts: str) -> tuple[int, ...]:
 class Threads:
     def __init__(self, hub: Hub, client: Callable[[], AsyncWebClient],
                  call: Callable[..., Awaitable[Any]]) -> None:
-        self.hub, self.client, self.call = hub, client, call
+        self.hub, self._client, self.call = hub, client, call
         self.bot_user = self.bot_id = ""
         self.known: OrderedDict[tuple[str, str], bool] = OrderedDict()
         """Threads found active (True) or not (False)."""
@@ -59,6 +59,10 @@ class Threads:
         later, they are not read again."""
         self._lookups: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]] | None]] = {}
         self._names: OrderedDict[str, str] = OrderedDict()
+
+    @property
+    def client(self) -> AsyncWebClient:
+        return self._client()
 
     def heard(self, channel: str, thread: str, message: dict[str, Any]) -> None:
         """A message in a thread Tandem is not in: kept, should Tandem be asked in later."""
@@ -118,7 +122,7 @@ class Threads:
         self._lookups[key] = future
         result: list[dict[str, Any]] | None = None
         try:
-            resp = await self.call(lambda: self.client().conversations_replies(
+            resp = await self.call(lambda: self.client.conversations_replies(
                 channel=channel, ts=thread, limit=200), deadline=30.0)
             result = list(resp.get("messages") or [])
         except NETWORK_ERRORS:
@@ -136,7 +140,7 @@ class Threads:
         name = self._names.get(user)
         if name is None:
             try:
-                info = (await self.client().users_info(user=user))["user"]
+                info = (await self.client.users_info(user=user))["user"]
                 profile = info.get("profile") or {}
                 name = str(profile.get("display_name") or info.get("real_name")
                            or info.get("name") or "")

@@ -53,6 +53,8 @@ class Turns(Generic[Ref]):
         self.placeholder_delay, self.cancel_delay = placeholder_delay, cancel_delay
         self.typing_delay, self.typing_interval = typing_delay, typing_interval
         self._turns: dict[ConvKey, Turn[Ref]] = {}
+        self._sweeps: set[asyncio.Task[None]] = set()
+        """Cancel offers being deleted, after their turn's end."""
         self.paused: Paused[ConvKey, Ref] = Paused(chat.delete)
         """A turn waiting for approval: its placeholder (saying so) and its text."""
 
@@ -102,16 +104,16 @@ class Turns(Generic[Ref]):
         if await turn.live.pause(event.text):
             self.paused.park(event.conv, turn.live, event.text)
         await turn.live.close()
-        await self._drop_offer(event.conv, turn)
+        self._sweep(event.conv, turn)
 
     async def ended(self, event: TurnEnded) -> None:
         conv, text = event.conv, event.text
         turn = self._turns.pop(conv, None)
         if turn is not None:
             await self._stop_tasks(turn)
-            await turn.live.finish(text)  # the answer first, then the offer goes
+            await turn.live.finish(text)
             await turn.live.close()
-            await self._drop_offer(conv, turn)
+            self._sweep(conv, turn)  # after the answer, and without holding it up
             return
         adopted = self.chat.adopt_live(conv, event.turn, event.live) if event.live else None
         if adopted is not None:
@@ -131,6 +133,7 @@ class Turns(Generic[Ref]):
         turns, self._turns = self._turns, {}
         for conv, turn in turns.items():
             await self._stop(conv, turn)
+        await asyncio.gather(*self._sweeps, return_exceptions=True)
 
     # -- while a turn runs ------------------------------------------------------------
 
@@ -187,6 +190,14 @@ class Turns(Generic[Ref]):
             if task is not offering:
                 task.cancel()
         await asyncio.gather(*turn.tasks, return_exceptions=True)
+
+    def _sweep(self, conv: ConvKey, turn: Turn[Ref]) -> None:
+        """The turn's Cancel offer goes, in the background: what the turn's end shows is
+        not delayed by it (a platform paces the calls in one chat)."""
+        if turn.offer:
+            task = asyncio.get_running_loop().create_task(self._drop_offer(conv, turn))
+            self._sweeps.add(task)
+            task.add_done_callback(self._sweeps.discard)
 
     async def _drop_offer(self, conv: ConvKey, turn: Turn[Ref]) -> None:
         offer, turn.offer = turn.offer, []
