@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from bot.buttons import ApprovalButton, CancelButton, pack, unpack
 from bot.events import Verdict
@@ -95,6 +96,9 @@ from tests.suites.cluster_rig import (
     write_config,
 )
 from tests.suites.test_crash import tool_alive, without_note
+
+# Tests that look for their tool processes by command line (pgrep) run on one xdist worker.
+pytestmark = pytest.mark.xdist_group("tool-processes")
 
 SEED = int(os.environ.get("TANDEM_CLUSTER_SEED", "7"))
 LONG = "TANDEM_CLUSTER_KILLS" in os.environ

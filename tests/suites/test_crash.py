@@ -20,9 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.test_cli import env, write_config
+
+# Tests that look for their tool processes by command line (pgrep) run on one xdist worker.
+pytestmark = pytest.mark.xdist_group("tool-processes")
 
 KILLS = int(os.environ.get("TANDEM_CRASH_KILLS", "20"))
 SCENARIOS = ("stream", "tool", "approval", "job", "record")

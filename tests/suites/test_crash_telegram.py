@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from adapters.edge.turns import WORKING
 from tests.conftest import PERSONA
 from tests.fakes.model_server import FakeModelServer, Reply
@@ -27,6 +29,9 @@ from tests.fakes.telegram_server import FakeTelegram
 from tests.suites.harness import integrity
 from tests.suites.test_crash import respond, tool_alive, without_note
 from tests.test_cli import env
+
+# Tests that look for their tool processes by command line (pgrep) run on one xdist worker.
+pytestmark = pytest.mark.xdist_group("tool-processes")
 
 ROUNDS = max(1, int(os.environ.get("TANDEM_CRASH_KILLS", "20")) // 2)
 ANN, BOB, CAROL = 42, 43, 44
