@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from bot.app import Dispatch
-from bot.buttons import ItemButton, unpack
-from bot.config import Config
-from bot.events import (
+from bot.core.buttons import ItemButton, unpack
+from bot.core.config import Config
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     Button,
@@ -45,7 +44,8 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
-from bot.hub import Hub
+from bot.run.app import Dispatch
+from bot.serve.hub import Hub
 from bot.store.backends import POSTGRES_SCHEMES, SQLITE_SCHEME
 
 PLATFORM = "console"

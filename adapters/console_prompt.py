@@ -31,7 +31,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.patch_stdout import patch_stdout
 from prompt_toolkit.styles import Style
 
-from bot.file_modes import private_file
+from bot.core.file_modes import private_file
 
 log = logging.getLogger(__name__)
 STYLE = Style.from_dict({"live": "italic fg:ansibrightblack", "prompt": "bold"})

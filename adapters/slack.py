@@ -24,7 +24,7 @@ a 404, makes Slack send it again). In HTTP mode a signed body bolt could not rea
 with one log line (`_signed_only`, `render.odd_shape`); a request that hits a bug in
 Tandem's own code is logged with its traceback (`_failed`).
 
-Inbound is handed to `Hub.submit`, which checks access first (`bot.access`: ids, and the
+Inbound is handed to `Hub.submit`, which checks access first (`bot.serve.access`: ids, and the
 user's workspace against the bot's) and returns at once; a stranger gets the hub's refusal,
 privately. Each message's ref `slack:<channel>:<ts>` makes the `app_mention`/`message`
 pair, Slack's retries and Socket Mode redeliveries collapse into one answer, across
@@ -58,12 +58,12 @@ from adapters.slack_files import SlackFiles, missing_scopes
 from adapters.slack_http import Failures, as_dict, as_str, on_bolt_error, signed_only
 from adapters.slack_render import PLATFORM, Incoming, extract_message, parse_command
 from adapters.slack_threads import Threads, remember
-from bot.app import Dispatch
-from bot.buttons import STALE, ApprovalButton, ButtonData, CancelButton, ItemButton, unpack
-from bot.config import Config
-from bot.errors import ConfigError, TandemError
-from bot.events import Cancel, Command, ConvKey, Decision, Event, Inbound, User, UserMessage
-from bot.hub import Hub
+from bot.core.buttons import STALE, ApprovalButton, ButtonData, CancelButton, ItemButton, unpack
+from bot.core.config import Config
+from bot.core.errors import ConfigError, TandemError
+from bot.core.events import Cancel, Command, ConvKey, Decision, Event, Inbound, User, UserMessage
+from bot.run.app import Dispatch
+from bot.serve.hub import Hub
 
 __all__ = ["SlackAdapter", "check", "check_app_token", "check_bot_token", "create"]
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from adapters.slack_render import PLATFORM
 from adapters.slack_stream import SlackStream
 from adapters.slack_stream import Where as StreamWhere
 from adapters.slack_threads import remember
-from bot.config import SlackConfig
-from bot.errors import StoreError
-from bot.events import ApprovalRequested, Button, ConvKey, Progress, User
-from bot.hub import Hub
+from bot.core.config import SlackConfig
+from bot.core.errors import StoreError
+from bot.core.events import ApprovalRequested, Button, ConvKey, Progress, User
+from bot.serve.hub import Hub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,8 +15,8 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.slack_files import check as check_files
 from adapters.slack_http import as_str
-from bot.config import Config
-from bot.errors import ConfigError
+from bot.core.config import Config
+from bot.core.errors import ConfigError
 from bot.llm.failures import cause
 
 

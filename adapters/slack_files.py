@@ -18,7 +18,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.downloads import stream
-from bot.events import Attachment, ConvKey
+from bot.core.events import Attachment, ConvKey
 from bot.media import MB
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from adapters import slack_render as render
 from adapters.slack_render import PLATFORM
-from bot.watch import PlatformCall, Watch
+from bot.core.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
 

@@ -87,7 +87,7 @@ def bot_scopes(*, assistant: bool = False) -> list[str]:
 
 def default_prompts() -> list[str]:
     """`slack.assistant.prompts` as the config has it by default."""
-    from bot.config import SlackAssistant
+    from bot.core.config import SlackAssistant
 
     return list(SlackAssistant().prompts)
 

@@ -18,8 +18,8 @@ from typing import Any
 from adapters.live import THINKING, split_text
 from adapters.markdown_blocks import FENCE, cells, fence_body, table_end, unquote, width
 from adapters.slack_files import attachments as shared_files
-from bot.buttons import ApprovalButton, CancelButton, pack
-from bot.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
+from bot.core.buttons import ApprovalButton, CancelButton, pack
+from bot.core.events import Attachment, Button, ConvKey, Phase, Progress, User, Verdict
 
 Block = dict[str, Any]
 PLATFORM = "slack"

@@ -24,8 +24,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack_render import PLATFORM, slack_text
-from bot.events import ConvKey
-from bot.hub import Hub
+from bot.core.events import ConvKey
+from bot.serve.hub import Hub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

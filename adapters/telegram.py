@@ -2,7 +2,7 @@
 
 Inbound: a handler decides whether a group message is for Tandem
 (`adapters.telegram_inbound`), normalizes it and hands it to `hub.submit`. The hub
-checks access (`bot.access`, fails closed) before anything else, and dedupes
+checks access (`bot.serve.access`, fails closed) before anything else, and dedupes
 `tg:<update_id>` refs, so a redelivered update is answered once; a stranger gets the
 hub's refusal, with their id, once per chat. A button press changes nothing here until
 the hub took it: after a restart an approval card is known only from a decision the hub
@@ -42,12 +42,12 @@ from adapters.telegram_check import check, check_token
 from adapters.telegram_files import MEDIA, TelegramFiles, attachments
 from adapters.telegram_inbound import addressed, buttons_of, conv_of, for_me, shows_only, user_of
 from adapters.telegram_webhook import ALLOWED_UPDATES, WebhookServer
-from bot.app import Dispatch
-from bot.buttons import STALE, ApprovalButton, CancelButton, ItemButton, unpack
-from bot.config import Config
-from bot.errors import ConfigError, TandemError, user_message
-from bot.events import Cancel, Command, ConvKey, Decision, Event, User, UserMessage
-from bot.hub import Hub
+from bot.core.buttons import STALE, ApprovalButton, CancelButton, ItemButton, unpack
+from bot.core.config import Config
+from bot.core.errors import ConfigError, TandemError, user_message
+from bot.core.events import Cancel, Command, ConvKey, Decision, Event, User, UserMessage
+from bot.run.app import Dispatch
+from bot.serve.hub import Hub
 
 __all__ = ["TelegramAdapter", "check", "check_token", "create"]
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from yarl import URL
 
 from adapters import telegram_render as render
 from adapters.live import FINAL_DEADLINE_S, RetryLater
-from bot.watch import PlatformCall, Watch
+from bot.core.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

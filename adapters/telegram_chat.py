@@ -29,11 +29,11 @@ from adapters.edge import Where
 from adapters.live import THINKING, LiveMessage, RetryLater, split_text
 from adapters.telegram_api import BotApi, Posted, Rows
 from adapters.telegram_draft import Draft
-from bot.buttons import ApprovalButton, CancelButton, pack
-from bot.config import TelegramConfig
-from bot.errors import StoreError
-from bot.events import ApprovalRequested, Button, ConvKey, Phase, Progress, User, Verdict
-from bot.hub import Hub
+from bot.core.buttons import ApprovalButton, CancelButton, pack
+from bot.core.config import TelegramConfig
+from bot.core.errors import StoreError
+from bot.core.events import ApprovalRequested, Button, ConvKey, Phase, Progress, User, Verdict
+from bot.serve.hub import Hub
 
 log = logging.getLogger(__name__)
 PLATFORM = "telegram"

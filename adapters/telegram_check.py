@@ -6,7 +6,7 @@ import re
 
 import aiohttp
 
-from bot.config import Config
+from bot.core.config import Config
 from bot.llm.failures import cause
 
 TOKEN_SHAPE = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")

@@ -19,7 +19,7 @@ from telegram.ext import filters
 
 from adapters.downloads import stream
 from adapters.telegram_api import BotApi
-from bot.events import Attachment, ConvKey
+from bot.core.events import Attachment, ConvKey
 from bot.media import MB, TooLarge
 
 log = logging.getLogger(__name__)

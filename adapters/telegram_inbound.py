@@ -13,8 +13,8 @@ from telegram import User as TgUser
 from telegram.constants import ChatType, MessageEntityType
 
 from adapters import telegram_render as render
-from bot.buttons import ApprovalButton, unpack
-from bot.events import ConvKey, User
+from bot.core.buttons import ApprovalButton, unpack
+from bot.core.events import ConvKey, User
 
 PLATFORM = "telegram"
 

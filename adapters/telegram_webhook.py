@@ -28,8 +28,8 @@ from telegram import Update
 from telegram.error import BadRequest
 from telegram.ext import Application
 
-from bot.config import TelegramWebhook
-from bot.errors import ConfigError
+from bot.core.config import TelegramWebhook
+from bot.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"

@@ -35,7 +35,7 @@ configuration also gets the turns/s its own CPU per turn allows on idle cores.
    this process, on a database of their own. Every request-response exchange psycopg
    makes (`AsyncConnection.wait`; LISTEN's waits for notifications excluded) is counted
    and attributed by its call stack: the store (`bot/store`, by method), the task queue
-   (procrastinate, by query) or the cluster's signals and leader (`bot/cluster`). What
+   (procrastinate, by query) or the cluster's signals and leader (`bot/serve/cluster`). What
    the idle worker does meanwhile (heartbeats, polls, the leader's sweeps), measured over
    an idle window, is subtracted.
 3. Cancel across workers (`--cancels` rounds on three workers): a slow answer streams on
@@ -588,7 +588,7 @@ class RoundTrips:
         query = f.f_locals.get("query") if "/procrastinate/" in path else None
         if isinstance(query, str) and query in self.queries:
             return f"queue: {self.queries[query]}"
-        if "/bot/cluster/" in path:
+        if "/bot/serve/cluster/" in path:
             return f"cluster: {name}"
         if "/bot/" in path or "/benchmarks/" in path:
             return f"other: {Path(path).name}:{name}"
@@ -617,10 +617,10 @@ def per_turn(turns: Counter[str], idle: Counter[str], idle_s: float, window: flo
 
 async def round_trips(turns: int, idle_s: float) -> JSON:
     """Round trips per plain turn of one in-process worker (see the module docstring)."""
-    from bot.app import build
-    from bot.cluster import Cluster
-    from bot.config import Config
-    from bot.events import ConvKey, User, UserMessage
+    from bot.core.config import Config
+    from bot.core.events import ConvKey, User, UserMessage
+    from bot.run.app import build
+    from bot.serve.cluster import Cluster
 
     with database() as url, tempfile.TemporaryDirectory() as tmp:
         config = Config.model_validate({

@@ -26,11 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.app import build
-from bot.config import Config
-from bot.events import ConvKey, Event, TurnEnded, User, UserMessage
-from bot.history import Msg, ToolCall
+from bot.core.config import Config
+from bot.core.events import ConvKey, Event, TurnEnded, User, UserMessage
+from bot.core.history import Msg, ToolCall
 from bot.llm import Completion, Delta, StreamItem, warm
+from bot.run.app import build
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,8 +150,8 @@ async def ops_overhead(turns: int, block: int = 20) -> dict[str, float]:
     model calls): their calls' own time, and the turn time with and without them (blocks
     of `block` turns alternate, on a conversation trimmed to a fixed size, so that drift
     hits both alike; two cores make that figure the noisier one)."""
-    from bot.audit import Audit
-    from bot.metrics import Metrics
+    from bot.ops.audit import Audit
+    from bot.ops.metrics import Metrics
 
     with tempfile.TemporaryDirectory() as tmp:
         config = Config.model_validate({
@@ -203,8 +203,8 @@ async def ops_overhead(turns: int, block: int = 20) -> dict[str, float]:
 async def audit_write_ms(audit: Any, key: ConvKey, batches: int = 50,
                          batch: int = 40) -> float:
     """The audit log's writing, per entry: batches as `Audit` writes them (a batch every
-    `bot.audit.FLUSH_S`), on an idle store (off the turn's path, in the store's thread)."""
-    from bot.watch import ToolRan
+    `bot.ops.audit.FLUSH_S`), on an idle store (off the turn's path, in the store's thread)."""
+    from bot.core.watch import ToolRan
 
     started = time.perf_counter()
     for _ in range(batches):
@@ -232,9 +232,9 @@ FIRST_TURN_CHILD = """
 import asyncio, json, os, shutil, statistics, sys, tempfile, time
 from pathlib import Path
 from bot import llm
-from bot.app import build
-from bot.config import Config
-from bot.events import Command, ConvKey, Notice, TurnEnded, User, UserMessage
+from bot.run.app import build
+from bot.core.config import Config
+from bot.core.events import Command, ConvKey, Notice, TurnEnded, User, UserMessage
 
 
 class Sink:
@@ -265,7 +265,7 @@ async def main(api_base, window):
     sink = dispatch.sinks["console"] = Sink()
     await hub.d.store.open()
     assert "litellm" not in sys.modules
-    llm.preload()  # where bot/main.py starts it: before the platforms connect
+    llm.preload()  # where bot/run/main.py starts it: before the platforms connect
     await hub.recover()
     user = User("u", "Ann")
     first, second = ConvKey("console", "first"), ConvKey("console", "second")

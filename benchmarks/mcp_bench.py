@@ -49,11 +49,11 @@ from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from benchmarks.running import run_config  # noqa: E402
-from bot.config import McpConfig, McpServerConfig  # noqa: E402
-from bot.mcp import Servers  # noqa: E402
-from bot.mcp.connection import Connection  # noqa: E402
-from bot.mcp.tools import build_tools  # noqa: E402
+from bot.core.config import McpConfig, McpServerConfig  # noqa: E402
 from bot.tools import Registry  # noqa: E402
+from bot.tools.mcp import Servers  # noqa: E402
+from bot.tools.mcp.connection import Connection  # noqa: E402
+from bot.tools.mcp.tools import build_tools  # noqa: E402
 from tests.fakes.mcp_servers import EXTRA_TOOLS_ENV, http_server, stdio_command  # noqa: E402
 from tests.fakes.model_server import FakeModelServer, Reply  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     # The fake's `bad_schema` tool is left out on purpose, with a warning on every connect.
-    logging.getLogger("bot.mcp.tools").setLevel(logging.ERROR)
+    logging.getLogger("bot.tools.mcp.tools").setLevel(logging.ERROR)
     results = asyncio.run(run(args))
     if args.json:
         Path(args.json).write_text(json.dumps(results))

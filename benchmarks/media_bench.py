@@ -76,10 +76,11 @@ from PIL import Image, ImageChops, ImageOps  # noqa: E402
 
 from adapters.telegram import create  # noqa: E402
 from benchmarks.running import running  # noqa: E402
-from bot.config import Config  # noqa: E402
-from bot.hub import Hub  # noqa: E402
+from bot.core import images  # noqa: E402
+from bot.core.config import Config  # noqa: E402
 from bot.llm import LiteLLMClient  # noqa: E402
-from bot.media import MB, images  # noqa: E402
+from bot.media import MB  # noqa: E402
+from bot.serve.hub import Hub  # noqa: E402
 from tests.fakes.model_server import FakeModelServer, Reply, TranscriptionRequest  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram, JSONDict  # noqa: E402
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.redact import Redactor
+from bot.core.redact import Redactor
 
 SIZE = 16_000
 

@@ -95,9 +95,9 @@ async def store_per_turn(turns: int = 200) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from core_bench import Done, InstantModel
 
-    from bot.app import build
-    from bot.config import Config
-    from bot.events import ConvKey, User, UserMessage
+    from bot.core.config import Config
+    from bot.core.events import ConvKey, User, UserMessage
+    from bot.run.app import build
     from bot.store.sqlite import SQLiteStore
 
     class Counting(SQLiteStore):

@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bot.app import Dispatch, build
-from bot.config import Config
-from bot.hub import Hub
+from bot.core.config import Config
 from bot.llm import ModelClient, warm
+from bot.run.app import Dispatch, build
+from bot.serve.hub import Hub
 
 
 @asynccontextmanager

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.slack import create  # noqa: E402
 from benchmarks.running import running  # noqa: E402
-from bot.config import Config  # noqa: E402
+from bot.core.config import Config  # noqa: E402
 from bot.llm import Completion, Delta, StreamItem  # noqa: E402
 from tests.fakes.slack_server import FakeSlackServer  # noqa: E402
 

@@ -62,9 +62,9 @@ sys.path.insert(0, str(ROOT))
 from adapters.slack import create as create_slack  # noqa: E402
 from adapters.telegram import create as create_telegram  # noqa: E402
 from benchmarks.running import running  # noqa: E402
-from bot.config import Config  # noqa: E402
-from bot.hub import Hub  # noqa: E402
+from bot.core.config import Config  # noqa: E402
 from bot.llm import Completion, Delta, StreamItem, warm  # noqa: E402
+from bot.serve.hub import Hub  # noqa: E402
 from tests.fakes.slack_server import FakeSlackServer  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 

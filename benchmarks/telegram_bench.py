@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.telegram import create
 from benchmarks.running import running
-from bot.config import Config
+from bot.core.config import Config
 from bot.llm import Completion, Delta, StreamItem
 from tests.fakes.telegram_server import FakeTelegram, JSONDict
 

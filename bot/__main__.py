@@ -1,3 +1,3 @@
-from bot.cli import main
+from bot.cli.cli import main
 
 raise SystemExit(main())

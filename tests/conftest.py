@@ -15,10 +15,10 @@ import litellm  # noqa: F401  (imported once up front: the first import takes se
 import pytest
 from hypothesis import settings
 
-from bot.app import build
-from bot.config import Config
-from bot.events import ApprovalRequested, ConvKey, Event, TurnEnded, User, UserMessage
-from bot.hub import Hub
+from bot.core.config import Config
+from bot.core.events import ApprovalRequested, ConvKey, Event, TurnEnded, User, UserMessage
+from bot.run.app import build
+from bot.serve.hub import Hub
 from tests.fakes.model_server import FakeModelServer
 
 # CI draws the same examples on every run (a failure there is reproducible, never a fluke);

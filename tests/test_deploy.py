@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.cli import parser
-from bot.config import load_config
+from bot.cli.cli import parser
+from bot.core.config import load_config
 from tests.conftest import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -517,7 +517,7 @@ def test_the_build_context_keeps_secrets_and_data_out() -> None:
     for path in (".env", "config.yaml", "data/tandem.db", "workspace/notes.txt", ".git/HEAD",
                  "persona/memory/conversations/x/USER.md", "bot/__pycache__/app.cpython.pyc"):
         assert ignored(path, rules), path
-    for path in ("bot/app.py", "bot/_persona", "persona/RULES.md", "pyproject.toml"):
+    for path in ("bot/run/app.py", "bot/_persona", "persona/RULES.md", "pyproject.toml"):
         assert not ignored(path, rules), path
 
 

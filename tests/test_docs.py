@@ -1,6 +1,7 @@
 """The documentation cannot drift from the code: `config.example.yaml` and the README's
-Configuration section name every configuration key with its default, and the README's
-Tools table names every built-in tool with its default approval policy.
+Configuration section name every configuration key with its default, the README's
+Tools table names every built-in tool with its default approval policy, and its layout
+table (How a turn works) names every package of `bot/`.
 
 The rules:
 
@@ -24,7 +25,7 @@ The rules:
   part per name. A part in backticks or a bare number is a YAML literal and must equal
   the default, `unset` means None, anything else is prose and is not compared.
 * README Tools table (`| tool | default policy | when tainted | ... |`): one row per
-  built-in tool (`bot.app.default_tools`), no others; the policy in backticks equals
+  built-in tool (`bot.run.app.default_tools`), no others; the policy in backticks equals
   `Tool.policy`; "when tainted" is `asks` for a tool that writes lasting state or sends
   data out, `asks for a URL nobody gave` for one that only reaches a URL, else
   `its policy`.
@@ -41,8 +42,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from bot.app import default_tools
-from bot.config import Config, McpServerConfig, load_config
+from bot.core.config import Config, McpServerConfig, load_config
+from bot.run.app import default_tools
 from bot.tools import Tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,3 +261,18 @@ def test_every_tool_is_in_the_readme_with_its_default_policy() -> None:
             f"{name}: README says {cells[1]}, the code `{tools[name].policy}`")
         assert cells[2] == tainted(tools[name]), (
             f"{name}: README says {cells[2]!r} when tainted, the code {tainted(tools[name])!r}")
+
+
+# README: the layout of bot/
+
+def test_the_readme_layout_names_every_package_of_bot() -> None:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("## How a turn works\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    documented = set()
+    for cells in rows(section, "| package | what it holds |"):
+        documented |= set(re.findall(r"`bot/(\w+)/`", cells[0]))
+    packages = {p.parent.name for p in (ROOT / "bot").glob("*/__init__.py")}
+    assert documented == packages, (
+        f"missing from the README: {sorted(packages - documented)}; "
+        f"not packages of bot/: {sorted(documented - packages)}")

@@ -121,7 +121,7 @@ def test_quick_checks_config_persona_and_database_without_network_or_litellm(
     config = write_config(tmp_path, FakeModelServer(), telegram=telegram(
         "http://127.0.0.1:9/bot", "123:ABC"))
     nowhere = {**env(), "FAKE_API_BASE": "http://127.0.0.1:9/v1"}  # no model server
-    script = ("import sys; from bot.cli import main; code = main(sys.argv[1:]); "
+    script = ("import sys; from bot.cli.cli import main; code = main(sys.argv[1:]); "
               "print('litellm loaded' if 'litellm' in sys.modules else 'no litellm'); "
               "sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", script, "--config", str(config), "doctor",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from bot.config import Config, load_config
+from bot.core.config import Config, load_config
 from tests.fakes.model_server import FakeModelServer
 from tests.fakes.slack_server import FakeSlackServer
 from tests.fakes.telegram_server import FakeTelegram

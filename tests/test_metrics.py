@@ -32,14 +32,10 @@ from telegram.error import BadRequest, RetryAfter
 
 from adapters.telegram import create
 from adapters.telegram_api import AiohttpRequest
-from bot import metrics
-from bot.app import build
-from bot.cluster import Cluster
-from bot.config import Config
-from bot.errors import ConfigError
-from bot.events import ConvKey, Verdict
-from bot.metrics import Metrics, parse_listen
-from bot.watch import (
+from bot.core.config import Config
+from bot.core.errors import ConfigError
+from bot.core.events import ConvKey, Verdict
+from bot.core.watch import (
     Asked,
     BudgetLifted,
     BudgetReached,
@@ -52,6 +48,10 @@ from bot.watch import (
     TurnDone,
     Watch,
 )
+from bot.ops import metrics
+from bot.ops.metrics import Metrics, parse_listen
+from bot.run.app import build
+from bot.serve.cluster import Cluster
 from tests.adapters.test_telegram import ANN, ECHO, FAST, STRANGER, Rig
 from tests.conftest import make_config
 from tests.fakes.model_server import FakeModelServer, Reply

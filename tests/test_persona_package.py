@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config
-from bot.doctor import WARN, _persona
-from bot.events import ConvKey
-from bot.memory import scope_dir
-from bot.persona import DEFAULT, FILES, Persona
+from bot.cli.doctor import WARN, _persona
+from bot.core.config import Config
+from bot.core.events import ConvKey
 from bot.tools import ToolContext
 from bot.tools.memory import remember
+from bot.turn.memory import scope_dir
+from bot.turn.persona import DEFAULT, FILES, Persona
 from tests.conftest import PERSONA, REPO
 
 SHIPPED = sorted(p.name for p in PERSONA.glob("*.md"))
@@ -66,7 +66,7 @@ def test_a_wheel_holds_the_persona_files_byte_for_byte(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         inside = {n.removeprefix("bot/_persona/"): zf.read(n) for n in zf.namelist()
                   if n.startswith("bot/_persona/")}
-        assert "bot/persona.py" in zf.namelist()
+        assert "bot/turn/persona.py" in zf.namelist()
     assert sorted(inside) == SHIPPED
     for name in SHIPPED:
         assert inside[name] == (PERSONA / name).read_bytes(), name
@@ -91,12 +91,12 @@ def test_a_build_copies_the_persona_files_into_the_package(tmp_path: Path) -> No
 
 def _records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records
-            if r.name == "bot.persona" and r.levelno == logging.WARNING]
+            if r.name == "bot.turn.persona" and r.levelno == logging.WARNING]
 
 
 def test_a_missing_persona_dir_uses_the_packaged_persona_and_says_so_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="bot.persona")
+    caplog.set_level(logging.WARNING, logger="bot.turn.persona")
     missing = tmp_path / "nowhere"
     persona = Persona(missing)
     first = persona.system_prompt()
@@ -112,7 +112,7 @@ def test_a_missing_persona_dir_uses_the_packaged_persona_and_says_so_once(
 
 def test_an_admins_persona_dir_wins_and_a_half_one_is_not_filled_in(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="bot.persona")
+    caplog.set_level(logging.WARNING, logger="bot.turn.persona")
     own = tmp_path / "own"
     own.mkdir()
     (own / "AGENT.md").write_text("You are Quill, the release clerk.\n")
@@ -133,7 +133,7 @@ def _context(persona_dir: Path, scope: str) -> ToolContext:
 
 async def test_notes_go_to_persona_dir_which_is_created_on_demand(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="bot.persona")
+    caplog.set_level(logging.WARNING, logger="bot.turn.persona")
     target = tmp_path / "persona"
     persona = Persona(target)
     before = persona.system_prompt()

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from bot.config import Config
+from bot.core.config import Config
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -26,7 +26,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters import slack_files
 from adapters import slack_manifest as sm
 from adapters.slack import SlackAdapter
-from bot.config import SlackAssistant
+from bot.core.config import SlackAssistant
 from tests.conftest import make_config
 
 REPO = Path(__file__).resolve().parent.parent

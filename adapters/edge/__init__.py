@@ -20,7 +20,7 @@ from adapters.edge.cards import Cards, CardStore
 from adapters.edge.chat import Chat, Live, Ref, Where
 from adapters.edge.turns import Turns, cancel_button
 from adapters.live import QUEUED, RetryLater
-from bot.events import (
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ConvKey,

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Protocol, TypeVar
 
 from adapters.edge.chat import Chat, Where
-from bot.events import ApprovalRequested, ApprovalResolved
+from bot.core.events import ApprovalRequested, ApprovalResolved
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from bot.events import ApprovalRequested, Button, ConvKey, Progress, User
+from bot.core.events import ApprovalRequested, Button, ConvKey, Progress, User
 
 Ref = TypeVar("Ref")
 Where = dict[str, Any]

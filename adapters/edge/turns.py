@@ -20,8 +20,8 @@ from typing import Generic
 
 from adapters.edge.chat import Chat, Live, Ref
 from adapters.live import THINKING, Paused
-from bot.buttons import CancelButton, pack
-from bot.events import Button, ConvKey, Phase, Progress, Suspended, TurnEnded
+from bot.core.buttons import CancelButton, pack
+from bot.core.events import Button, ConvKey, Phase, Progress, Suspended, TurnEnded
 
 log = logging.getLogger(__name__)
 WORKING = "⏳ Working on it…"

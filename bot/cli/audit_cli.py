@@ -8,9 +8,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from bot import audit
-from bot.config import Config
-from bot.errors import ConfigError, StoreError, StoreUnusable
+from bot.core.config import Config
+from bot.core.errors import ConfigError, StoreError, StoreUnusable
 
 _AGO = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -45,7 +44,7 @@ def run(config: Config, since_text: str | None, conversation: str | None,
             rows = await store.audit(since=start, conv=conversation, limit=LIMIT)
         finally:
             await store.close()
-        return [audit.as_json(r) if as_json else audit.line(r) for r in rows]
+        return [r.as_json() if as_json else r.line() for r in rows]
 
     try:
         lines = asyncio.run(read())

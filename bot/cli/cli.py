@@ -109,33 +109,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "slack-manifest":
         return _slack_manifest(args)
     if args.command == "init":
-        from bot.init_wizard import init
+        from bot.cli.init_wizard import init
 
         try:
             return init(args)
         except KeyboardInterrupt:
             return 130
-    from bot.errors import ConfigError
+    from bot.core.errors import ConfigError
 
     try:
-        from bot.config import load_config
+        from bot.core.config import load_config
 
         config = load_config(args.config)
         if args.command == "doctor":
-            from bot.doctor import doctor
+            from bot.cli.doctor import doctor
 
             return doctor(config, quick=args.quick)
         if args.command == "audit":
-            from bot import audit_cli
+            from bot.cli import audit_cli
 
             return audit_cli.run(config, args.since, args.conversation, args.json)
         if args.command == "migrate":
-            from bot.main import migrate
+            from bot.run.main import migrate
 
             return migrate(config)
         if args.command == "run" and args.workers != 1:
             return _workers(config, args)
-        from bot.main import serve
+        from bot.run.main import serve
 
         return serve(config, chat=args.command == "chat", verbose=args.verbose)
     except ConfigError as exc:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _slack_manifest(args: argparse.Namespace) -> int:
-    # Loaded by name, as bot.main loads a platform: bot/ has no import of adapters/.
+    # Loaded by name, as bot.run.main loads a platform: bot/ has no import of adapters/.
     import importlib
 
     slack = importlib.import_module("adapters.slack_manifest")
@@ -160,9 +160,9 @@ def _slack_manifest(args: argparse.Namespace) -> int:
 
 
 def _workers(config: object, args: argparse.Namespace) -> int:
-    from bot.config import Config
-    from bot.errors import ConfigError
-    from bot.main import cluster_url
+    from bot.core.config import Config
+    from bot.core.errors import ConfigError
+    from bot.run.main import cluster_url
 
     assert isinstance(config, Config)
     if args.workers < 1:
@@ -170,8 +170,8 @@ def _workers(config: object, args: argparse.Namespace) -> int:
     if cluster_url(config) is None:
         raise ConfigError("store.url", "must be a postgresql:// URL to run several workers "
                           "(SQLite serves one process)")
-    from bot import logs
-    from bot.workers import supervise
+    from bot.run import logs
+    from bot.run.workers import supervise
 
     logs.setup(20, config.secrets(), format=config.logging.format)
     return supervise(args.workers, args.config, args.verbose)

@@ -14,9 +14,9 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from bot.config import Config
-from bot.file_modes import too_open
-from bot.persona import Persona
+from bot.core.config import Config
+from bot.core.file_modes import too_open
+from bot.turn.persona import Persona
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
 Result = tuple[str, str, str]
@@ -68,7 +68,7 @@ def _persona(config: Config) -> list[Result]:
 
 
 async def _database(config: Config) -> list[Result]:
-    from bot.errors import StoreError
+    from bot.core.errors import StoreError
     from bot.store.backends import open_store
 
     target = config.store.target
@@ -90,7 +90,7 @@ async def _database(config: Config) -> list[Result]:
     status = OK if check == "ok" else BAD
     out = [("database", status, f"{where}: integrity {check}")]
     if postgres:
-        from bot.cluster import stats
+        from bot.serve.cluster import stats
 
         try:
             workers, depth = await stats(target)
@@ -185,8 +185,8 @@ async def _mcp(config: Config) -> list[Result]:
     """Connect to each enabled MCP server once and say how it went."""
     if not any(server.enabled for server in config.mcp.servers.values()):
         return []  # and the MCP library stays unloaded
-    from bot.mcp import Servers
     from bot.tools import Registry
+    from bot.tools.mcp import Servers
 
     servers = Servers(config.mcp, Registry())
     if not servers.connections:
@@ -213,7 +213,7 @@ async def _mcp(config: Config) -> list[Result]:
 
 async def _model(config: Config) -> list[Result]:
     from bot import llm as models
-    from bot.errors import ModelError, ModelUnreachable
+    from bot.core.errors import ModelError, ModelUnreachable
     from bot.llm import Completion, LiteLLMClient
 
     llm = config.llm.model_copy(update={"retries": 0, "timeout_s": min(config.llm.timeout_s, 20),

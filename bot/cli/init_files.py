@@ -1,5 +1,5 @@
 """What `tandem init` writes: `config.yaml`, which names each secret as a `${VAR}`
-reference, and `.env` beside it, which holds them (`bot.config` reads it at start). Both
+reference, and `.env` beside it, which holds them (`bot.core.config` reads it at start). Both
 are private to the user (0600) from the moment they exist."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from bot.config import LLMConfig, SlackConfig, TelegramConfig
+from bot.core.config import LLMConfig, SlackConfig, TelegramConfig
 
 SLACK_MEMBER = re.compile(r"[UW][A-Z0-9]+")
 """A Slack member id as Slack shows it (profile → ⋮ → Copy member ID)."""

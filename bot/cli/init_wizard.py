@@ -2,7 +2,7 @@
 
 It asks which platforms, the model and its key, each platform's tokens (checked live
 with the platform, as `tandem run` would: a token the platform refuses is asked for
-again) and who may talk and approve; writes `config.yaml` and `.env` (`bot.init_files`);
+again) and who may talk and approve; writes `config.yaml` and `.env` (`bot.cli.init_files`);
 then runs `tandem doctor` on them. An existing file is replaced only after a yes (or
 `--force`). Secrets are read without echo on a terminal and never printed.
 
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
-from bot.config import SlackConfig, TelegramConfig
-from bot.init_files import (
+from bot.cli.init_files import (
     Answers,
     SlackAnswers,
     TelegramAnswers,
@@ -44,6 +43,7 @@ from bot.init_files import (
     secrets,
     write_private,
 )
+from bot.core.config import SlackConfig, TelegramConfig
 
 T = TypeVar("T")
 Token = tuple[str, str]

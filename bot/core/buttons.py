@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.events import Verdict
+from bot.core.events import Verdict
 
 MAX_BYTES = 64
 STALE = "This button is no longer valid."

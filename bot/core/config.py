@@ -21,10 +21,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from bot.errors import ConfigError
-from bot.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
-from bot.redact import SECRET_NAME as _SECRET_NAME
-from bot.sections import (
+from bot.core.errors import ConfigError
+from bot.core.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
+from bot.core.redact import SECRET_NAME as _SECRET_NAME
+from bot.core.sections import (
     McpConfig,
     McpServerConfig,
     McpTools,
@@ -171,7 +171,7 @@ class TelegramConfig(Section):
     (every worker may receive)."""
     webhook: TelegramWebhook = Field(default_factory=TelegramWebhook)
     allowed_users: Annotated[list[TelegramUser], Listed] = Field(default_factory=list)
-    """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.access`)."""
+    """Numeric user ids, or "*" for everyone; empty means nobody (see `bot.serve.access`)."""
     approvers: Annotated[list[TelegramApprover], Listed] = Field(default_factory=list)
     groups: TelegramGroups = Field(default_factory=TelegramGroups)
     drafts: bool = True

@@ -196,7 +196,7 @@ class Notice:
 class Button:
     label: str
     data: str
-    """Opaque packed data (see `bot.buttons`), at most 64 bytes."""
+    """Opaque packed data (see `bot.core.buttons`), at most 64 bytes."""
 
 
 @dataclass(frozen=True, slots=True)

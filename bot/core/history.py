@@ -1,19 +1,88 @@
-"""The conversation history as immutable values, and how they look on the wire."""
+"""The conversation history as immutable values, and how they look on the wire.
+
+A file that came with a message is kept as a `Media` reference (kind, name, paths, size,
+transcript), never its bytes: a picture or a PDF the model can read is turned into a
+content part when the request is built, from the file as it is then (a file removed since
+is named as gone instead). Receiving and sending files is `bot.media`'s.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
-from dataclasses import dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
-from bot.media import Media, wire_content
+log = logging.getLogger(__name__)
 
 MESSAGE_OVERHEAD_TOKENS = 4
 
 THREAD_CONTEXT = "[Earlier in this thread]"
 """Opens a user message that carries earlier messages of a thread (read from the platform,
 written by anyone there: content from outside)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """A file that came with a user's message, as the history keeps it."""
+
+    kind: str
+    """image | audio | pdf | document"""
+    name: str
+    """The name the user gave it."""
+    path: str
+    """Where it is in the workspace (relative), as the model is told."""
+    file: str
+    """The absolute path (what the request reads)."""
+    size: int
+    mime: str
+    transcript: str | None = None
+    seen: bool = False
+    """Sent to the model as a content part (a picture or a PDF it can read)."""
+    tokens: int = 0
+    """Estimated cost of its part."""
+
+    def part(self) -> dict[str, Any]:
+        """The content part for the model, read from the file now."""
+        path = Path(self.file)
+        try:
+            if self.kind == "image":
+                from bot.core.images import data_url  # Pillow loads on first use
+
+                return {"type": "image_url", "image_url": {"url": data_url(path)}}
+            data = base64.b64encode(path.read_bytes()).decode("ascii")
+            return {"type": "file", "file": {"filename": self.name,
+                                             "file_data": f"data:{self.mime};base64,{data}"}}
+        except (OSError, ValueError) as exc:
+            log.info("media %s is unreadable: %s", self.path, exc)
+            return {"type": "text", "text": f"[{self.name} was sent earlier but is no longer "
+                                            f"in the workspace at {self.path}]"}
+
+
+def media_to_json(media: tuple[Media, ...]) -> str | None:
+    return json.dumps([asdict(m) for m in media], ensure_ascii=False) if media else None
+
+
+def media_from_json(raw: str | None) -> tuple[Media, ...]:
+    if not raw:
+        return ()
+    try:
+        return tuple(Media(**item) for item in json.loads(raw))
+    except (ValueError, TypeError):
+        log.warning("unreadable media reference in the history: %.80s", raw)
+        return ()
+
+
+def wire_content(text: str, media: tuple[Media, ...]) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, then the parts of what the model can see."""
+    seen = [m for m in media if m.seen]
+    if not seen:
+        return text
+    return [{"type": "text", "text": text or "(no caption)"}, *(m.part() for m in seen)]
+
 
 Said = tuple[str, tuple[Media, ...]]
 """What a user said in one message: the text for the model and the media with it."""

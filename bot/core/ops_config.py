@@ -1,5 +1,5 @@
 """Configuration for running Tandem for a team: the audit log, budgets, metrics and the
-log format. `bot.config` assembles these into `Config`."""
+log format. `bot.core.config` assembles these into `Config`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from bot.sections import Section
+from bot.core.sections import Section
 
 
 class Allowance(Section):

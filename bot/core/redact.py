@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from bot.events import ApprovalRequested, Event, Notice, Progress, Suspended, TurnEnded
+from bot.core.events import ApprovalRequested, Event, Notice, Progress, Suspended, TurnEnded
 
 MARK = "[secret]"
 MIN_SECRET_CHARS = 6

@@ -1,5 +1,5 @@
 """Configuration sections that stand on their own (the base `Section`, MCP servers,
-media); `bot.config` assembles them with the rest into `Config`."""
+media); `bot.core.config` assembles them with the rest into `Config`."""
 
 from __future__ import annotations
 

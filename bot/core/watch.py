@@ -1,8 +1,8 @@
 """What Tandem did, told to whoever watches: the audit log and the metrics.
 
 The core says each fact once (`Watch.see`) where it happens; a `Watcher` takes the ones
-it cares about. The audit log (`bot.audit`) appends them to the store; the metrics
-(`bot.metrics`) count them. With nobody watching, saying a fact costs one call.
+it cares about. The audit log (`bot.ops.audit`) appends them to the store; the metrics
+(`bot.ops.metrics`) count them. With nobody watching, saying a fact costs one call.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from bot.events import ConvKey
+from bot.core.events import ConvKey
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,9 @@ the runner can check for cancel every N chunks), `Restart` when a retry begins a
 output, and one final `Completion` with the assembled text, tool calls and usage.
 `LiteLLMClient.window()` is the context window in tokens; `close()` releases litellm's HTTP
 clients while the event loop still runs.
+
+Layer: above `bot.core` only, beside `bot.store` (neither imports the other). It may
+import `bot.core` alone.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.config import LLMConfig
-from bot.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
-from bot.history import ToolCall
+from bot.core.config import LLMConfig
+from bot.core.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
+from bot.core.history import ToolCall
 from bot.llm.failures import cause, chain, endpoint
 from bot.llm.loading import load, loaded, preload, settle, warm
 

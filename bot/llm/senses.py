@@ -7,8 +7,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from bot.config import LLMConfig, MediaConfig
-from bot.errors import ModelError
+from bot.core.config import LLMConfig, MediaConfig
+from bot.core.errors import ModelError
 from bot.llm.loading import load
 
 log = logging.getLogger(__name__)

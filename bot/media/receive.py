@@ -20,16 +20,16 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from bot.config import Config
-from bot.errors import ModelError
-from bot.events import Attachment, UserMessage
+from bot.core.config import Config
+from bot.core.errors import ModelError
+from bot.core.events import Attachment, UserMessage
+from bot.core.history import Media
 from bot.llm.senses import Senses
 from bot.media import (
     IMAGE_TOKENS,
     MB,
     PDF_PAGE_TOKENS,
     FilePort,
-    Media,
     TooLarge,
     new_file,
     size_text,
@@ -182,7 +182,7 @@ class Receiver:
             got.lines.append(_saved("a picture", media))
             got.media.append(media)
             return
-        from bot.media.images import data_url
+        from bot.core.images import data_url
 
         try:
             await asyncio.to_thread(data_url, Path(media.file))  # checks it, and warms

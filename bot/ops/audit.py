@@ -1,6 +1,6 @@
 """The audit log: who asked for what, who decided, what ran, who was turned away.
 
-`Audit` watches the core (`bot.watch`) and appends one entry per fact to the store: every
+`Audit` watches the core (`bot.core.watch`) and appends one entry per fact to the store: every
 approval asked and decided (the exact call shown, the button pressed, or its expiry),
 every tool run (its rendered arguments, outcome and duration), every refused access and
 press, every standing rule added or revoked, every budget used up or lifted. The store
@@ -20,12 +20,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-from bot import watch as w
-from bot.errors import StoreError
-from bot.redact import Redactor
+from bot.core import watch as w
+from bot.core.errors import StoreError
+from bot.core.redact import Redactor
 from bot.store import AuditRow, Store
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ def entry(fact: w.Fact, at: float) -> AuditRow | None:
     match fact:
         case w.Asked(conv, approval_id, tool, call, requester, expires_at):
             return AuditRow(at, "asked", str(conv), requester, tool, _json(
-                approval=approval_id, call=call, expires=_iso(expires_at)))
+                approval=approval_id, call=call, expires=AuditRow.iso(expires_at)))
         case w.Decided(conv, approval_id, tool, call, status, by, waited_s):
             return AuditRow(at, "decided", str(conv), by or "", tool, _json(
                 approval=approval_id, call=call, status=status,
@@ -128,37 +127,3 @@ class Audit:
 
 def _json(**fields: Any) -> str:
     return json.dumps({k: v for k, v in fields.items() if v is not None}, ensure_ascii=False)
-
-
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def line(row: AuditRow) -> str:
-    """One entry as a line of text (`tandem audit`, `/audit`)."""
-    detail: dict[str, Any] = json.loads(row.detail)
-    who = f" by {row.actor}" if row.actor else ""
-    call = f"{row.tool} {detail.get('call', '')}"
-    match row.kind:
-        case "asked":
-            what = f"asked{who}: {call} (expires {detail.get('expires')})"
-        case "decided":
-            what = f"{detail.get('status')}{who}: {call} (after {detail.get('waited_s')} s)"
-        case "tool":
-            what = f"ran{who}: {call} → {detail.get('outcome')} in {detail.get('seconds')} s"
-        case "rule":
-            what = f"rule {detail.get('change')}{who}: {row.tool} {detail.get('key', '')}"
-        case "refused":
-            what = f"refused {detail.get('what')} of {detail.get('platform')} user {row.actor}"
-        case _:
-            rest = ", ".join(f"{k}={v}" for k, v in detail.items())
-            what = f"{row.kind}{who}: {rest}"
-    where = f" [{row.conv}]" if row.conv else ""
-    return f"{_iso(row.at)}{where} {what}"
-
-
-def as_json(row: AuditRow) -> str:
-    """One entry as a JSON line (`tandem audit --json`)."""
-    return json.dumps({"at": _iso(row.at), "kind": row.kind, "conversation": row.conv,
-                       "actor": row.actor, "tool": row.tool, **json.loads(row.detail)},
-                      ensure_ascii=False)

@@ -11,33 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from bot.buttons import ItemButton, pack
-from bot.config import Config
-from bot.events import Button, ConvKey, Notice
-from bot.ops_config import Allowance
+from bot.core.config import Config
+from bot.core.ops_config import Allowance
 from bot.store import ConvRow, Spent, Store
-
-
-@dataclass(frozen=True, slots=True)
-class Reached:
-    scope: str
-    """user | conversation"""
-    text: str
-    """What the person is told: which limit, how much was spent, when it resets."""
-    lift: str
-    """The lift button's data: what `/liftbudget` takes."""
-
-    def notice(self, key: ConvKey) -> Notice:
-        """Said besides the turn's end: the scope, and a button for approvers."""
-        lift = Button("Lift for today (approvers)", pack(ItemButton("budget", self.lift)))
-        return Notice(key, f"The {self.scope} budget for today is used up.", buttons=(lift,))
+from bot.turn.budget import Reached
 
 
 class Budget:
+    """The daily budgets of `limits.budget` (satisfies `bot.turn.budget.Budget`)."""
+
     def __init__(self, config: Config, store: Store,
                  clock: Callable[[], float] = time.time) -> None:
         self.limits = config.limits.budget

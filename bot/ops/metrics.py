@@ -1,6 +1,6 @@
 """Prometheus metrics: a `Watcher` that counts what Tandem did, and its `/metrics` endpoint.
 
-`Metrics.see` takes the facts of `bot.watch` and moves counters and histograms; it does
+`Metrics.see` takes the facts of `bot.core.watch` and moves counters and histograms; it does
 no I/O and allocates next to nothing (each label set's child is looked up once, then
 kept), so a fact costs a few microseconds. Every `Metrics` has its own registry: two in
 one process (tests, two hubs) never clash, and nothing lands in the library's global one.
@@ -41,9 +41,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from bot.errors import ConfigError
-from bot.turn.state import ExitReason
-from bot.watch import (
+from bot.core.errors import ConfigError
+from bot.core.watch import (
     Asked,
     BudgetReached,
     Decided,
@@ -55,6 +54,7 @@ from bot.watch import (
     ToolRan,
     TurnDone,
 )
+from bot.turn.state import ExitReason
 
 log = logging.getLogger(__name__)
 Stats = Callable[[], Awaitable[tuple[int, int]]]

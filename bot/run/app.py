@@ -10,31 +10,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from bot import redact
-from bot.access import Access
-from bot.audit import Audit
-from bot.budget import Budget
-from bot.cluster import Cluster, owner_id
-from bot.cluster.lanes import ClusterLanes
-from bot.config import Config
-from bot.conversation import Conversation
-from bot.errors import ToolError
-from bot.events import Event
-from bot.hub import Hub, Sink
+from bot.core import redact
+from bot.core.config import Config
+from bot.core.errors import ToolError
+from bot.core.events import Event
+from bot.core.redact import Redactor
 from bot.llm import LiteLLMClient, ModelClient
 from bot.llm.senses import Senses
-from bot.mcp import Servers
 from bot.media import FilePort, size_text
 from bot.media.receive import Receiver
-from bot.memory import scope_dir
-from bot.persona import Persona
-from bot.prompt import Prompt
-from bot.redact import Redactor
-from bot.runner import Deps
-from bot.scheduler import Scheduler
+from bot.ops.audit import Audit
+from bot.ops.budget import Budget
+from bot.serve.access import Access
+from bot.serve.cluster import Cluster, owner_id
+from bot.serve.cluster.lanes import ClusterLanes
+from bot.serve.hub import Hub, Sink
+from bot.serve.scheduler import Scheduler
 from bot.store import Store
 from bot.store.backends import open_store
 from bot.tools import Registry, Tool, ToolContext, files, memory, send, shell, tasks, web
+from bot.tools.mcp import Servers
+from bot.turn.conversation import Conversation
+from bot.turn.memory import scope_dir
+from bot.turn.persona import Persona
+from bot.turn.prompt import Prompt
+from bot.turn.runner import Deps
 
 log = logging.getLogger(__name__)
 Send = Callable[[BinaryIO, int, str, str, bool], Awaitable[None]]
@@ -149,6 +149,6 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     hub = Hub(deps, Access.from_config(config), scheduler, receiver, lanes)
     scheduler.deliver = hub.deliver
     if config.metrics.listen:  # imported only then: prometheus_client costs ~60 ms
-        from bot.metrics import Metrics
+        from bot.ops.metrics import Metrics
         deps.watch.add(Metrics(hub.lanes.queue_stats if hub.lanes.shared else None))
     return hub, dispatch

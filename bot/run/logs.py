@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal
 
-from bot import redact
-from bot.errors import ModelError
+from bot.core import redact
+from bot.core.errors import ModelError
 
 
 class Redactor(logging.Filter):

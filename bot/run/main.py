@@ -11,12 +11,14 @@ import os
 import signal
 from typing import Any, Protocol
 
-from bot import llm, logs, redact
-from bot.app import Dispatch, build
-from bot.cluster import Cluster, ensure_queue_schema, owner_id
-from bot.config import Config
-from bot.errors import ConfigError, StoreError, StoreUnusable, TandemError
-from bot.hub import Hub
+from bot import llm
+from bot.core import redact
+from bot.core.config import Config
+from bot.core.errors import ConfigError, StoreError, StoreUnusable, TandemError
+from bot.run import logs
+from bot.run.app import Dispatch, build
+from bot.serve.cluster import Cluster, ensure_queue_schema, owner_id
+from bot.serve.hub import Hub
 from bot.store import Store
 
 log = logging.getLogger("tandem")
@@ -129,7 +131,7 @@ async def _serve_metrics(config: Config, hub: Hub, chat: bool) -> None:
     the same config."""
     if chat or not config.metrics.listen:
         return
-    from bot import metrics
+    from bot.ops import metrics
 
     watcher = metrics.of(hub.d.watch.watchers)
     if watcher is not None:  # one port per worker of `tandem run --workers N`

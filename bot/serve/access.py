@@ -27,8 +27,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from bot.config import Config
-from bot.events import Inbound, Trigger, User
+from bot.core.config import Config
+from bot.core.events import Inbound, Trigger, User
 
 log = logging.getLogger(__name__)
 

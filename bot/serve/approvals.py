@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 
 from bot import turn as t
-from bot.access import Access
-from bot.conversation import Conversation
-from bot.events import ApprovalResolved, ConvKey, Decision, Notice, User, Verdict
-from bot.runner import Runner
+from bot.core.events import ApprovalResolved, ConvKey, Decision, Notice, User, Verdict
+from bot.serve.access import Access
 from bot.store import ApprovalRow
 from bot.tools import parse_arguments
+from bot.turn.conversation import Conversation
+from bot.turn.runner import Runner
 
 _PRESS = {Verdict.APPROVE: t.Press.APPROVE, Verdict.DENY: t.Press.DENY,
           Verdict.ALWAYS: t.Press.ALWAYS}

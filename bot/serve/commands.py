@@ -10,15 +10,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from bot.audit import line as audit_line
-from bot.budget import Budget
-from bot.buttons import ItemButton, pack
-from bot.config import Config
-from bot.conversation import Conversation
-from bot.events import Button, Command, Event, Notice
-from bot.prompt import Prompt
+from bot.core.buttons import ItemButton, pack
+from bot.core.config import Config
+from bot.core.events import Button, Command, Event, Notice
+from bot.core.watch import BudgetLifted, RuleChanged, Watch
 from bot.store import Store
-from bot.watch import BudgetLifted, RuleChanged, Watch
+from bot.turn.budget import Budget
+from bot.turn.conversation import Conversation
+from bot.turn.prompt import Prompt
 
 HELP = """Tandem answers here and can use tools; risky ones wait for your approval.
 /new: start a fresh conversation (the old one is kept, but no longer in view)
@@ -166,7 +165,7 @@ async def audit(ctx: CommandContext, conv: Conversation) -> Notice:
     if not rows:
         return Notice(conv.row.key, "The audit log has no entries for this chat.")
     head = f"The latest {len(rows)} audit entries of this chat (all: `tandem audit`):"
-    return Notice(conv.row.key, "\n".join([head, *(audit_line(r) for r in rows)]))
+    return Notice(conv.row.key, "\n".join([head, *(r.line() for r in rows)]))
 
 
 async def lift_budget(ctx: CommandContext, conv: Conversation, cmd: Command) -> Notice:

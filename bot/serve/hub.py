@@ -1,7 +1,7 @@
 """The one entry point: every `Inbound` goes through `Hub.submit`.
 
 The hub composes the pieces: intake (access, dedupe, author labels) decides what is
-taken; the worker (`bot.worker`) owns the lanes (order, batching, out-of-band cancel),
+taken; the worker (`bot.serve.worker`) owns the lanes (order, batching, out-of-band cancel),
 the approvals (who may press, timers) and the conversations in memory, and handles
 each item on its conversation's lane; the runner alone changes turn, call and
 approval state.
@@ -13,8 +13,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from bot.access import Access
-from bot.events import (
+from bot.core.events import (
     Cancel,
     ConvKey,
     Decision,
@@ -23,13 +22,14 @@ from bot.events import (
     Queued,
     UserMessage,
 )
-from bot.intake import Intake, Receipt
+from bot.core.watch import Refused
 from bot.media.receive import Receiver
-from bot.recovery import recover
-from bot.runner import Deps, Runner
-from bot.scheduler import Scheduler
-from bot.watch import Refused
-from bot.worker import LanesFactory, Worker
+from bot.serve.access import Access
+from bot.serve.intake import Intake, Receipt
+from bot.serve.recovery import recover
+from bot.serve.scheduler import Scheduler
+from bot.serve.worker import LanesFactory, Worker
+from bot.turn.runner import Deps, Runner
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bot.access import Access
-from bot.config import Config
-from bot.events import (
+from bot.core.config import Config
+from bot.core.events import (
     Attachment,
     Cancel,
     ConvKey,
@@ -31,9 +30,10 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
-from bot.history import THREAD_CONTEXT, Said
+from bot.core.history import THREAD_CONTEXT, Said
 from bot.llm.senses import Senses
 from bot.media.receive import Received, Receiver
+from bot.serve.access import Access
 from bot.store import Store
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from bot.events import ConvKey, UserMessage
+from bot.core.events import ConvKey, UserMessage
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -35,7 +35,7 @@ class _Lane(Generic[W]):
 
 class Lanes(Generic[W]):
     shared = False
-    """True for lanes that span several workers (`bot.cluster.lanes`)."""
+    """True for lanes that span several workers (`bot.serve.cluster.lanes`)."""
 
     def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]]) -> None:
         self._handle = handle

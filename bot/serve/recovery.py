@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from bot import turn as t
-from bot.approvals import Approvals
-from bot.breakers import Ledger
-from bot.conversation import Conversation
-from bot.conversations import Conversations
-from bot.events import ApprovalRequested, ConvKey, Event, Inbound, TurnEnded, User
-from bot.history import CallState
-from bot.intake import replay
-from bot.runner import RAN, Runner
+from bot.core.events import ApprovalRequested, ConvKey, Event, Inbound, TurnEnded, User
+from bot.core.history import CallState
+from bot.serve.approvals import Approvals
+from bot.serve.intake import replay
 from bot.store import CallRow, Store
+from bot.turn.breakers import Ledger
+from bot.turn.conversation import Conversation
+from bot.turn.conversations import Conversations
+from bot.turn.runner import RAN, Runner
 
 log = logging.getLogger(__name__)
 LEDGER_REPLAY = 200
@@ -99,7 +99,7 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
     pictures = [Path(m.file) for msg in conv.history for m in msg.media
                 if m.seen and m.kind == "image"]
     if pictures:  # decoded off the event loop now, not while the next request is built
-        from bot.media.images import warm
+        from bot.core.images import warm
 
         await asyncio.to_thread(warm, pictures)
     return conv  # trimmed when its next turn begins (that needs the model's window)

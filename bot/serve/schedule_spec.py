@@ -18,7 +18,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.errors import ToolError
+from bot.core.errors import ToolError
 
 UNITS = {"second": "seconds", "minute": "minutes", "hour": "hours", "day": "days",
          "week": "weeks"}

@@ -19,10 +19,10 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.errors import ToolError
-from bot.events import Inbound, Trigger
-from bot.intake import encode_inbound
-from bot.schedule_spec import parse, previous_fire
+from bot.core.errors import ToolError
+from bot.core.events import Inbound, Trigger
+from bot.serve.intake import encode_inbound
+from bot.serve.schedule_spec import parse, previous_fire
 from bot.store import ConvRow, JobRow, Store, new_id
 
 log = logging.getLogger(__name__)

@@ -13,15 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from bot import commands
 from bot import turn as t
-from bot.access import LOCAL_PLATFORMS, Access
-from bot.approvals import Approvals
-from bot.commands import CommandContext, Reset
-from bot.conversation import Conversation
-from bot.conversations import Conversations
-from bot.errors import user_message
-from bot.events import (
+from bot.core.errors import user_message
+from bot.core.events import (
     ApprovalRequested,
     Cancel,
     Command,
@@ -36,12 +30,18 @@ from bot.events import (
     User,
     UserMessage,
 )
-from bot.history import Said
-from bot.intake import Intake
-from bot.lanes import Lanes
-from bot.recovery import Resume, load_conversation
-from bot.runner import Runner
-from bot.scheduler import Scheduler
+from bot.core.history import Said
+from bot.serve import commands
+from bot.serve.access import LOCAL_PLATFORMS, Access
+from bot.serve.approvals import Approvals
+from bot.serve.commands import CommandContext, Reset
+from bot.serve.intake import Intake
+from bot.serve.lanes import Lanes
+from bot.serve.recovery import Resume, load_conversation
+from bot.serve.scheduler import Scheduler
+from bot.turn.conversation import Conversation
+from bot.turn.conversations import Conversations
+from bot.turn.runner import Runner
 
 log = logging.getLogger(__name__)
 

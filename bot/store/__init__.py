@@ -6,18 +6,23 @@ for several workers) implements the same `Store` protocol. Callers build one wit
 
 Calls and turns are addressed by (conversation, session, ...): a new session starts
 its turn numbers again at 1, and providers reuse call ids such as `call_0`.
+
+Layer: above `bot.core` only, beside `bot.llm` (neither imports the other). It may
+import `bot.core` alone.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
-from bot.events import ConvKey
-from bot.history import CallState, Msg, Outcome, ToolCall
+from bot.core.events import ConvKey
+from bot.core.history import CallState, Msg, Outcome, ToolCall
 
 Usage = tuple[int, int, float]
 """A model call's prompt tokens, completion tokens and cost."""
@@ -129,6 +134,39 @@ class AuditRow:
     tool: str = ""
     detail: str = "{}"
     id: int = 0
+
+    @staticmethod
+    def iso(at: float) -> str:
+        """A time as the audit log writes it: UTC, to the second (2026-12-01T09:30:00Z)."""
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def line(self) -> str:
+        """This entry as a line of text (`tandem audit`, `/audit`)."""
+        detail: dict[str, Any] = json.loads(self.detail)
+        who = f" by {self.actor}" if self.actor else ""
+        call = f"{self.tool} {detail.get('call', '')}"
+        match self.kind:
+            case "asked":
+                what = f"asked{who}: {call} (expires {detail.get('expires')})"
+            case "decided":
+                what = f"{detail.get('status')}{who}: {call} (after {detail.get('waited_s')} s)"
+            case "tool":
+                what = f"ran{who}: {call} → {detail.get('outcome')} in {detail.get('seconds')} s"
+            case "rule":
+                what = f"rule {detail.get('change')}{who}: {self.tool} {detail.get('key', '')}"
+            case "refused":
+                what = f"refused {detail.get('what')} of {detail.get('platform')} user {self.actor}"
+            case _:
+                rest = ", ".join(f"{k}={v}" for k, v in detail.items())
+                what = f"{self.kind}{who}: {rest}"
+        where = f" [{self.conv}]" if self.conv else ""
+        return f"{self.iso(self.at)}{where} {what}"
+
+    def as_json(self) -> str:
+        """This entry as a JSON line (`tandem audit --json`)."""
+        return json.dumps({"at": self.iso(self.at), "kind": self.kind, "conversation": self.conv,
+                           "actor": self.actor, "tool": self.tool, **json.loads(self.detail)},
+                          ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bot.errors import StoreError
-from bot.events import ConvKey
-from bot.history import CallState, Msg, Outcome, ToolCall, calls_from_json, calls_to_json
-from bot.media import media_from_json, media_to_json
+from bot.core.errors import StoreError
+from bot.core.events import ConvKey
+from bot.core.history import (
+    CallState,
+    Msg,
+    Outcome,
+    ToolCall,
+    calls_from_json,
+    calls_to_json,
+    media_from_json,
+    media_to_json,
+)
 from bot.store import OPEN_KINDS, ApprovalRow, CallRow, ConvRow, TurnRow, Usage
 from bot.store.postgres_base import Conn, Row, conv_key, fetchone, migrate
 from bot.store.postgres_standing import PostgresStanding

@@ -30,8 +30,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from bot.errors import StoreError
-from bot.events import ConvKey
+from bot.core.errors import StoreError
+from bot.core.events import ConvKey
 from bot.store.postgres_schema import LOCK_KEY, MIGRATIONS, TABLES, VERSION_TABLE
 
 Conn = AsyncConnection[TupleRow]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bot.events import ConvKey
+from bot.core.events import ConvKey
 from bot.store import JobRow, RuleRow, new_id
 from bot.store.postgres_base import Row, conv_key
 from bot.store.postgres_ledger import PostgresLedger

@@ -11,9 +11,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from bot.events import ConvKey
-from bot.history import CallState, Msg, Outcome, ToolCall, calls_from_json, calls_to_json
-from bot.media import media_from_json, media_to_json
+from bot.core.events import ConvKey
+from bot.core.history import (
+    CallState,
+    Msg,
+    Outcome,
+    ToolCall,
+    calls_from_json,
+    calls_to_json,
+    media_from_json,
+    media_to_json,
+)
 from bot.store import (
     OPEN_KINDS,
     ApprovalRow,

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from bot.errors import StoreError, StoreUnusable
-from bot.events import ConvKey
-from bot.file_modes import private_dir, private_file
+from bot.core.errors import StoreError, StoreUnusable
+from bot.core.events import ConvKey
+from bot.core.file_modes import private_dir, private_file
 from bot.store.sqlite_schema import MIGRATIONS
 
 T = TypeVar("T")

@@ -6,7 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
-from bot.events import ConvKey
+from bot.core.events import ConvKey
 from bot.store import JobRow, RuleRow, new_id
 from bot.store.sqlite_base import conv_key
 from bot.store.sqlite_ledger import SQLiteLedger

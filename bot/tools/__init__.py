@@ -3,6 +3,12 @@
 A tool returns text for the model or raises `ToolError` (its message goes to the model).
 `summary()` renders a call for the approval card and `rule_key()` is what an
 "always in this chat" rule binds to: the exact command or path, never a program.
+
+The built-in tools are modules here (`shell`, `files`, `send`, `web`, `tasks`,
+`memory`); `mcp` brings in the tools of MCP servers.
+
+Layer: below `bot.turn`, above `bot.media`. It may import `bot.media`, `bot.llm`,
+`bot.store` and `bot.core`; never the turn or anything above it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.errors import ToolError
-from bot.history import Outcome
+from bot.core.errors import ToolError
+from bot.core.history import Outcome
 
 log = logging.getLogger(__name__)
 

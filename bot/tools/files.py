@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from bot.errors import PathRefused, ToolError
+from bot.core.errors import PathRefused, ToolError
 from bot.tools import Tool, ToolContext, require_str
 
 MAX_READ_BYTES = 2_000_000

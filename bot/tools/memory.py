@@ -1,7 +1,7 @@
 """The `remember` tool: append a dated note to USER.md or MEMORY.md of its scope.
 
 A note is a file write: its policy is `ask` like every other write. Where it goes (this
-conversation, this person, or the persona itself) is `memory.scope` (`bot.memory`).
+conversation, this person, or the persona itself) is `memory.scope` (`bot.turn.memory`).
 The prompt is rebuilt before every model call, so a note reaches the very next request.
 Only those two files can be written; RULES.md and AGENT.md never can. Memory folders
 are created 0700 and memory files 0600.
@@ -15,9 +15,9 @@ from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from bot.config import PersonaConfig
-from bot.errors import ToolError
-from bot.file_modes import private_dir, private_file
+from bot.core.config import PersonaConfig
+from bot.core.errors import ToolError
+from bot.core.file_modes import private_dir, private_file
 from bot.tools import Tool, ToolContext, require_str
 
 MAX_FACT_CHARS = 1_000

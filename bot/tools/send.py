@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bot.errors import PathRefused, ToolError
+from bot.core.errors import PathRefused, ToolError
 from bot.media import size_text
 from bot.tools import Tool, ToolContext, require_str
 from bot.tools.files import PATH, open_checked, resolve

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bot.errors import ToolError
-from bot.redact import SECRET_NAME as _SECRET_NAME
+from bot.core.errors import ToolError
+from bot.core.redact import SECRET_NAME as _SECRET_NAME
 from bot.tools import Tool, ToolContext, require_str
 
 SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^TANDEM_", re.IGNORECASE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.errors import ToolError
+from bot.core.errors import ToolError
 from bot.tools import Tool, ToolContext, require_str
 
 

@@ -19,8 +19,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from bot.config import WebFetchConfig
-from bot.errors import ToolError
+from bot.core.config import WebFetchConfig
+from bot.core.errors import ToolError
 from bot.tools import Tool, ToolContext, require_str
 from bot.tools.pages import classify, decode, html_to_text, looks_binary, looks_html
 

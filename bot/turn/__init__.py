@@ -12,6 +12,16 @@ FINISHED when it is refused, skipped, denied, expired or interrupted. SUBMITTED 
 the call was handed to the tool (a subprocess, a server): after a restart nobody knows
 whether it completed, so only SUBMITTED calls become "interrupted" then; PENDING,
 ASKING and ALLOWED calls of a suspended turn stay as they are.
+
+The package holds the rest of a turn too: `runner` (carries out the effects),
+`streaming`, `prompt` and `persona` (the request and its system prompt), `context` and
+`compaction` (what fits the window), `breakers`, `policy` and `taint` (the gate before a
+tool runs), `conversation` and `conversations` (a conversation in memory), `memory` (where
+`remember` notes live) and `budget` (what a turn asks of the daily budgets).
+
+Layer: below `bot.serve`, above `bot.tools`. It may import `bot.tools`, `bot.media`,
+`bot.llm`, `bot.store` and `bot.core`; never `bot.serve`, `bot.ops`, `bot.run` or
+`bot.cli` (the budgets come in through `budget.Budget`, injected by `bot.run.app`).
 """
 
 from bot.turn.state import (

@@ -1,6 +1,6 @@
 """Circuit breakers against tool loops, as pure functions over values.
 
-Thresholds come from `bot.config.Breakers` (defaults in brackets):
+Thresholds come from `bot.core.config.Breakers` (defaults in brackets):
 
 | trigger                            | counts                         | action        | fatal |
 |------------------------------------|--------------------------------|---------------|-------|
@@ -43,8 +43,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bot.config import Breakers
-from bot.history import Outcome
+from bot.core.config import Breakers
+from bot.core.history import Outcome
 
 
 class TripKind(StrEnum):

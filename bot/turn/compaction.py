@@ -23,8 +23,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
-from bot.errors import TandemError
-from bot.history import Msg, ToolCall, estimate_tokens
+from bot.core.errors import TandemError
+from bot.core.history import Msg, ToolCall, estimate_tokens
 from bot.llm import Completion, ModelClient
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from bot.errors import ContextOverflowError
-from bot.history import Msg, ToolCall
+from bot.core.errors import ContextOverflowError
+from bot.core.history import Msg, ToolCall
 
 INTERRUPTED_RESULT = "error: interrupted (this call never returned a result)"
 MAX_ROUNDS = 5

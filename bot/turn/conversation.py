@@ -11,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.breakers import Ledger
-from bot.compaction import safe_cut
-from bot.context import sanitize, trim
-from bot.history import Msg
+from bot.core.history import Msg
 from bot.store import ConvRow
 from bot.turn import TurnState
+from bot.turn.breakers import Ledger
+from bot.turn.compaction import safe_cut
+from bot.turn.context import sanitize, trim
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,8 +10,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from bot.conversation import Conversation
-from bot.events import ConvKey
+from bot.core.events import ConvKey
+from bot.turn.conversation import Conversation
 
 MAX_CACHED = 2000
 

@@ -20,7 +20,7 @@ import re
 from collections import OrderedDict
 from pathlib import Path
 
-from bot.events import ConvKey
+from bot.core.events import ConvKey
 
 FILES = ("USER.md", "MEMORY.md")
 CACHED_SCOPES = 1_000

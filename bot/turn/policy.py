@@ -2,7 +2,7 @@
 
 Per tool `allow | ask | deny` (config over the tool's default), standing "always"
 rules for the exact command or path in a conversation, unattended runs (nobody to ask:
-denied unless configured to ask), and the taint rule (`bot.taint`): while the model can
+denied unless configured to ask), and the taint rule (`bot.turn.taint`): while the model can
 see untrusted content, a call that writes lasting state or sends data out asks a human
 whatever its policy, and an unattended run never makes one without a standing rule.
 The breakers run before this, in `bot.turn.decide`.
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from bot import taint
 from bot import turn as t
-from bot.config import Config
-from bot.errors import ToolError
-from bot.history import Msg, Outcome, ToolCall
+from bot.core.config import Config
+from bot.core.errors import ToolError
+from bot.core.history import Msg, Outcome, ToolCall
 from bot.store import Store, new_id
 from bot.tools import Registry, parse_arguments
+from bot.turn import taint
 
 
 async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,

@@ -18,14 +18,14 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.compaction import with_summary
-from bot.config import Config
-from bot.context import check_system_fits
-from bot.conversation import Conversation
-from bot.history import estimate_tokens
-from bot.memory import Memory
-from bot.persona import Persona
+from bot.core.config import Config
+from bot.core.history import estimate_tokens
 from bot.tools import Registry
+from bot.turn.compaction import with_summary
+from bot.turn.context import check_system_fits
+from bot.turn.conversation import Conversation
+from bot.turn.memory import Memory
+from bot.turn.persona import Persona
 
 NOTE_RESERVE_TOKENS = 200
 

@@ -14,14 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
-from bot import compaction, policy, streaming, taint
 from bot import turn as t
-from bot import watch as w
-from bot.budget import Budget
-from bot.config import Config, McpConfig
-from bot.conversation import Conversation
-from bot.errors import ModelError, TurnTooLong, user_message
-from bot.events import (
+from bot.core import watch as w
+from bot.core.config import Config, McpConfig
+from bot.core.errors import ModelError, TurnTooLong, user_message
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     Event,
@@ -32,15 +29,18 @@ from bot.events import (
     TurnEnded,
     User,
 )
-from bot.history import CallState, Msg, Outcome, Said, tool_result
+from bot.core.history import CallState, Msg, Outcome, Said, tool_result
+from bot.core.redact import Redactor
+from bot.core.watch import Watch
 from bot.llm import Completion, ContextExceeded, ModelClient
-from bot.mcp import Servers
-from bot.prompt import Prompt, Request
-from bot.redact import Redactor
 from bot.store import ApprovalRow, ConvRow, Store
-from bot.streaming import Scratch
 from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
-from bot.watch import Watch
+from bot.tools.mcp import Servers
+from bot.turn import compaction, policy, streaming, taint
+from bot.turn.budget import Budget
+from bot.turn.conversation import Conversation
+from bot.turn.prompt import Prompt, Request
+from bot.turn.streaming import Scratch
 
 log = logging.getLogger(__name__)
 RAN = frozenset({Outcome.OK, Outcome.ERROR})
@@ -64,16 +64,16 @@ class Deps:
     mcp: Servers = field(default_factory=lambda: Servers(McpConfig(), Registry()))
     """MCP servers whose tools are in `tools` (started by whoever starts Tandem)."""
     watch: Watch = field(default_factory=Watch)
-    """Told what happened: the audit log and the metrics (`bot.watch`)."""
+    """Told what happened: the audit log and the metrics (`bot.core.watch`)."""
     budget: Budget | None = None
-    """Daily budgets (`bot.budget`); None: built from `config`."""
+    """Daily budgets (`bot.ops.budget`, injected by `bot.run.app`); None: no budgets."""
 
 
 class Runner:
     def __init__(self, deps: Deps) -> None:
         self.d = deps
         self.limits = deps.config.limits.breakers
-        self.budget = deps.budget or Budget(deps.config, deps.store)
+        self.budget = deps.budget
         self._window = 0
 
     async def window(self) -> int:
@@ -139,7 +139,7 @@ class Runner:
 
     async def show_end(self, row: ConvRow, event: TurnEnded) -> None:
         """Show a turn's end, then note that it was shown (until then the store keeps it,
-        for whichever process loads the conversation next: `bot.recovery`)."""
+        for whichever process loads the conversation next: `bot.serve.recovery`)."""
         await self.d.emit(event)
         await self.d.store.shown(row.id, row.session, event.turn)
 
@@ -241,7 +241,9 @@ class Runner:
     async def _reason(self, conv: Conversation, state: t.TurnState, cancel: asyncio.Event,
                       scratch: Scratch) -> None:
         await self._progress(conv, state, Phase.THINKING, scratch)
-        if (reached := await self.budget.reached(conv.row, state.requester)) is not None:
+        reached = None if self.budget is None else \
+            await self.budget.reached(conv.row, state.requester)
+        if reached is not None:
             conv.turn = replace(state, budget=reached.text)
             await self.d.watch.see(w.BudgetReached(conv.row.key, state.requester, reached.scope))
             await self.d.emit(reached.notice(conv.row.key))
@@ -290,7 +292,9 @@ class Runner:
         usage = None
         if completion.prompt_tokens is not None:
             usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
-            await self.budget.spend(conv.row, state.requester, usage[0] + usage[1], usage[2])
+            if self.budget is not None:
+                await self.budget.spend(conv.row, state.requester, usage[0] + usage[1],
+                                        usage[2])
         msg = Msg("assistant", completion.text, state.turn, tuple(calls))
         if calls:
             conv.append(await self.d.store.append_assistant(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from bot.breakers import Ledger, TripKind
-from bot.events import User
-from bot.history import CallState, Outcome, ToolCall
+from bot.core.events import User
+from bot.core.history import CallState, Outcome, ToolCall
+from bot.turn.breakers import Ledger, TripKind
 
 
 class ExitReason(StrEnum):

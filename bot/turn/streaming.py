@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bot.errors import ModelError
-from bot.history import Msg
+from bot.core.errors import ModelError
+from bot.core.history import Msg
+from bot.core.watch import ModelCalled, Watch
 from bot.llm import Completion, Delta, ModelClient, Restart
-from bot.prompt import Request
 from bot.store import Usage
-from bot.watch import ModelCalled, Watch
+from bot.turn.prompt import Request
 
 CANCEL_EVERY_CHUNKS = 8
 

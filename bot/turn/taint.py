@@ -17,7 +17,7 @@ from collections.abc import Container
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bot.history import THREAD_CONTEXT, Msg
+from bot.core.history import THREAD_CONTEXT, Msg
 from bot.tools import Registry, Tool, visible
 
 SOURCE_CHARS = 80

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from bot import breakers
-from bot.breakers import Seen, Trip, TripKind
-from bot.config import Breakers
-from bot.events import User
-from bot.history import CallState, Outcome, ToolCall
+from bot.core.config import Breakers
+from bot.core.events import User
+from bot.core.history import CallState, Outcome, ToolCall
+from bot.turn import breakers
+from bot.turn.breakers import Seen, Trip, TripKind
 from bot.turn.state import (
     AddRule,
     Ask,

@@ -31,10 +31,10 @@ from adapters.slack import SlackUnavailable, create
 from adapters.slack_http import on_bolt_error as _on_bolt_error
 from adapters.slack_http import signed_only as _signed_only
 from adapters.slack_render import teams
-from bot.app import build
-from bot.buttons import CancelButton, pack
-from bot.errors import ConfigError
-from bot.events import ApprovalRequested, ConvKey, User
+from bot.core.buttons import CancelButton, pack
+from bot.core.errors import ConfigError
+from bot.core.events import ApprovalRequested, ConvKey, User
+from bot.run.app import build
 from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, block_text
@@ -1012,7 +1012,7 @@ async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
         fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
     """A worker posted the placeholder, stored the answer and died; the process that
     shows the answer edits that placeholder (its Cancel button goes) and posts nothing."""
-    from bot.events import TurnEnded
+    from bot.core.events import TurnEnded
 
     conv = ConvKey("slack", "D1", None)
     async with SlackRig(fake, model, tmp_path, "socket") as rig:

@@ -9,8 +9,8 @@ import pytest
 
 from adapters import slack_render as render
 from adapters.slack_render import extract_message, parse_command, slack_text
-from bot.buttons import ApprovalButton, CancelButton, unpack
-from bot.events import Button, ConvKey, Phase, Progress, User, Verdict
+from bot.core.buttons import ApprovalButton, CancelButton, unpack
+from bot.core.events import Button, ConvKey, Phase, Progress, User, Verdict
 
 BOT = "UBOT"
 

@@ -20,11 +20,11 @@ import pytest
 
 from adapters.live import QUEUED
 from adapters.telegram import TelegramAdapter, create
-from bot.app import build
-from bot.buttons import ApprovalButton, CancelButton, pack, unpack
-from bot.errors import ConfigError
-from bot.events import ConvKey, Verdict
-from bot.hub import Hub
+from bot.core.buttons import ApprovalButton, CancelButton, pack, unpack
+from bot.core.errors import ConfigError
+from bot.core.events import ConvKey, Verdict
+from bot.run.app import build
+from bot.serve.hub import Hub
 from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.telegram_server import FakeMessage, FakeTelegram
@@ -725,8 +725,8 @@ async def test_an_end_shown_by_another_process_finishes_the_placeholder_it_left(
         tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
     """A process posted the placeholder (with ⏹), stored the answer and died; the one that
     shows the answer edits that placeholder and posts nothing new."""
-    from bot.buttons import CancelButton
-    from bot.events import TurnEnded
+    from bot.core.buttons import CancelButton
+    from bot.core.events import TurnEnded
 
     fake.add_chat(ANN, "private")
     async with rig(tmp_path, model, fake) as r:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.buttons import ItemButton, pack, unpack
-from bot.errors import StoreError
-from bot.events import Verdict
+from bot.core.buttons import ItemButton, pack, unpack
+from bot.core.errors import StoreError
+from bot.core.events import Verdict
 from bot.store import AuditRow
 from tests.adapters.test_telegram import (
     ANN,

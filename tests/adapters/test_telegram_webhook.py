@@ -21,11 +21,11 @@ import pytest
 from telegram import Bot
 
 from adapters.telegram import TelegramAdapter, create
-from bot.app import Dispatch, build
-from bot.config import Config
-from bot.errors import ConfigError
-from bot.events import ConvKey, Notice
-from bot.hub import Hub
+from bot.core.config import Config
+from bot.core.errors import ConfigError
+from bot.core.events import ConvKey, Notice
+from bot.run.app import Dispatch, build
+from bot.serve.hub import Hub
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.fakes.telegram_server import SECRET_HEADER, FakeTelegram
 from tests.suites.harness import ANN, FAST, tg_config, tg_rig

@@ -1,4 +1,4 @@
-"""The one access check (`bot.access`): the rules on both platforms, the config that feeds
+"""The one access check (`bot.serve.access`): the rules on both platforms, the config that feeds
 them, and the hub refusing strangers before anything is recorded."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from bot.access import Access
-from bot.cli import main as cli
-from bot.config import Config, load_config
-from bot.errors import ConfigError
-from bot.events import (
+from bot.cli.cli import main as cli
+from bot.core.config import Config, load_config
+from bot.core.errors import ConfigError
+from bot.core.events import (
     Cancel,
     Command,
     ConvKey,
@@ -25,6 +24,7 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
+from bot.serve.access import Access
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply
 
@@ -96,7 +96,7 @@ def test_a_star_stops_at_the_workspace_on_slack_only(platform: str) -> None:
 @pytest.mark.parametrize("listed_as", ["allowed", "approver"])
 def test_a_listed_id_from_another_workspace_is_refused_on_slack(
         platform: str, listed_as: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="bot.access")
+    caplog.set_level(logging.INFO, logger="bot.serve.access")
     ids = PLATFORMS[platform]
     lists: dict[str, list[Any]] = {"allowed": ["*"], "approver": []}
     lists[listed_as].append(ids["listed"])
@@ -107,7 +107,7 @@ def test_a_listed_id_from_another_workspace_is_refused_on_slack(
     assert (refused is None) is (platform == "telegram")
     assert rules.allows(platform, User(str(ids["id"]), "Ann", HOME))
     if platform == "slack":
-        [line] = [r.getMessage() for r in caplog.records if r.name == "bot.access"]
+        [line] = [r.getMessage() for r in caplog.records if r.name == "bot.serve.access"]
         assert f"from workspace {FOREIGN}, not this bot's {HOME}" in line
 
 
@@ -187,11 +187,11 @@ def test_built_from_the_config(tmp_path: Path) -> None:
 
 def test_each_refused_user_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     rules = access("slack", ["U1"])
-    caplog.set_level(logging.INFO, logger="bot.access")
+    caplog.set_level(logging.INFO, logger="bot.serve.access")
     for _ in range(3):
         rules.check(UserMessage(ConvKey("slack", "D9"), User("U9", "Eve"), "secret text"))
     rules.check(UserMessage(ConvKey("slack", "D8"), User("U8", "Mallory"), "more"))
-    lines = [r.getMessage() for r in caplog.records if r.name == "bot.access"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "bot.serve.access"]
     assert len(lines) == 2 and "U9" in lines[0] and "slack.allowed_users" in lines[0]
     assert not any("secret text" in line for line in lines)
 

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from bot import audit_cli, redact
-from bot import watch as w
-from bot.audit import Audit, line
-from bot.buttons import ItemButton, unpack
-from bot.config import Config
-from bot.errors import ConfigError
-from bot.events import Command, ConvKey, Notice, TurnEnded, User
+from bot.cli import audit_cli
+from bot.core import redact
+from bot.core import watch as w
+from bot.core.buttons import ItemButton, unpack
+from bot.core.config import Config
+from bot.core.errors import ConfigError
+from bot.core.events import Command, ConvKey, Notice, TurnEnded, User
+from bot.ops.audit import Audit
 from bot.store import Store
 from bot.store.backends import open_store
 from tests.conftest import Core
@@ -46,7 +47,7 @@ async def test_entries_are_batched_redacted_and_written_by_close(store: Store) -
     assert SECRET not in rows[0].detail
     detail = json.loads(rows[0].detail)
     assert detail["outcome"] == "ok" and detail["seconds"] == 0.25
-    assert line(rows[0]).startswith("2027-01-15T08:00:00Z [telegram:5] ran by 42: shell curl")
+    assert rows[0].line().startswith("2027-01-15T08:00:00Z [telegram:5] ran by 42: shell curl")
 
 
 async def test_old_entries_are_pruned_with_the_first_write_after_a_start(store: Store) -> None:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.breakers import Ledger, Seen, Trip, TripKind, after_failure, call_key, check
-from bot.config import Breakers
-from bot.history import Outcome
+from bot.core.config import Breakers
+from bot.core.history import Outcome
+from bot.turn.breakers import Ledger, Seen, Trip, TripKind, after_failure, call_key, check
 
 LIMITS = Breakers()
 OK, ERR, SKIP = Outcome.OK, Outcome.ERROR, Outcome.SKIPPED

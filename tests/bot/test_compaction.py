@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.compaction import (
+from bot.core.history import Msg, ToolCall
+from bot.llm import LiteLLMClient
+from bot.turn.compaction import (
     SUMMARY_HEADER,
     TOOL_RESULT_CHARS,
     safe_cut,
@@ -19,9 +21,7 @@ from bot.compaction import (
     transcript,
     with_summary,
 )
-from bot.context import turn_starts
-from bot.history import Msg, ToolCall
-from bot.llm import LiteLLMClient
+from bot.turn.context import turn_starts
 from tests.conftest import make_config
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
@@ -233,7 +233,7 @@ def client(tmp_path: Path, model: FakeModelServer) -> LiteLLMClient:
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "bot.compaction" and r.levelno == logging.WARNING]
+            if r.name == "bot.turn.compaction" and r.levelno == logging.WARNING]
 
 
 async def test_summarize_returns_the_stripped_summary(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_config, require
-from bot.errors import ConfigError
+from bot.core.config import load_config, require
+from bot.core.errors import ConfigError
 
 
 def write(tmp: Path, text: str) -> str:

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.context import (
+from bot.core.errors import ContextOverflowError
+from bot.core.history import Msg, ToolCall
+from bot.turn.context import (
     INTERRUPTED_RESULT,
     adjacency,
     check_system_fits,
@@ -14,8 +16,6 @@ from bot.context import (
     trim,
     turn_starts,
 )
-from bot.errors import ContextOverflowError
-from bot.history import Msg, ToolCall
 
 
 def call(i: str, name: str = "shell") -> ToolCall:
@@ -216,9 +216,9 @@ def from_wire(wire: list[dict[str, object]]) -> list[Msg]:
 @given(histories(), st.integers(0, 6))
 def test_the_turn_by_turn_window_is_as_valid_as_a_whole_sanitize(history: list[Msg],
                                                                   drop: int) -> None:
-    from bot.conversation import Conversation
-    from bot.events import ConvKey
+    from bot.core.events import ConvKey
     from bot.store import ConvRow
+    from bot.turn.conversation import Conversation
 
     history = unique_ids(history)
     conv = Conversation.load(ConvRow(1, ConvKey("t", "1"), 1), history)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config
-from bot.doctor import WARN, privacy
-from bot.events import ConvKey
-from bot.file_modes import private_dir, private_file, too_open
+from bot.cli.doctor import WARN, privacy
+from bot.core.config import Config
+from bot.core.events import ConvKey
+from bot.core.file_modes import private_dir, private_file, too_open
 from bot.store.backends import open_store
 
 

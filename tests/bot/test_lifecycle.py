@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bot.events import (
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     Cancel,
@@ -31,7 +31,7 @@ from bot.events import (
     TurnStarted,
     Verdict,
 )
-from bot.history import CallState
+from bot.core.history import CallState
 from tests.conftest import Core, HoldCards, Recorder
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
@@ -285,7 +285,7 @@ async def test_one_repair_after_a_crash_even_with_a_message_waiting(
 
 def _summarizing(fail: bool) -> Any:
     """A model that answers questions at length and summarizes when asked to."""
-    from bot.compaction import SUMMARY_PROMPT
+    from bot.turn.compaction import SUMMARY_PROMPT
 
     marker = SUMMARY_PROMPT.split(".")[0]
 
@@ -303,7 +303,7 @@ def _summarizing(fail: bool) -> Any:
 @pytest.mark.parametrize("fail", [False, True], ids=["summary", "failed-summary"])
 async def test_summary_compaction_keeps_what_the_trim_dropped(
         model: FakeModelServer, config_factory: Any, tmp_path: Path, fail: bool) -> None:
-    from bot.compaction import SUMMARY_HEADER
+    from bot.turn.compaction import SUMMARY_HEADER
 
     model.responder = _summarizing(fail)
     config = config_factory(llm__context_window=6000, llm__max_output_tokens=500,

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from bot import llm
-from bot.events import (
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     Cancel,

@@ -1,4 +1,4 @@
-"""bot/llm.py against the strict fake model: loading litellm off the event loop, the
+"""bot/llm/ against the strict fake model: loading litellm off the event loop, the
 context window, streams cut mid-way, cancels, and what `tandem chat` prints for them."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bot import llm, logs
-from bot.config import LLMConfig
-from bot.errors import ModelError, ModelStreamCut, user_message
+from bot import llm
+from bot.core.config import LLMConfig
+from bot.core.errors import ModelError, ModelStreamCut, user_message
+from bot.run import logs
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.test_cli import REPO, env, write_config
 
@@ -38,7 +39,7 @@ FIRST_TURN = textwrap.dedent("""
     import asyncio, json, os, sys, time
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     from bot import llm
-    from bot.config import LLMConfig
+    from bot.core.config import LLMConfig
     from tests.fakes.model_server import FakeModelServer, Reply
     assert "litellm" not in sys.modules
 

@@ -1,4 +1,4 @@
-"""`bot.logs.setup`: text or JSON lines on stderr, secrets redacted either way. The tests
+"""`bot.run.logs.setup`: text or JSON lines on stderr, secrets redacted either way. The tests
 log on a logger of their own: the Slack adapter's bolt app sets the level of the one
 named "tandem" (to the root's at the time), which other tests leave behind."""
 
@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot import logs
-from bot.errors import ModelStreamCut
+from bot.core.errors import ModelStreamCut
+from bot.run import logs
 
 SECRET = "sk-live-9f8e7d6c5b4a39281706"
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from bot.config import McpServerConfig
-from bot.events import ApprovalRequested, Cancel, Command, Decision, Verdict
-from bot.mcp.tools import offered, result_text, schema_problem, tool_name
+from bot.core.config import McpServerConfig
+from bot.core.events import ApprovalRequested, Cancel, Command, Decision, Verdict
 from bot.tools import Registry, Tool
+from bot.tools.mcp.tools import offered, result_text, schema_problem, tool_name
 from tests.conftest import Core, said
 from tests.fakes.mcp_servers import REPO_ROOT, http_server
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
@@ -55,7 +55,7 @@ def test_a_schema_the_model_cannot_use_is_named(schema: Any, usable: bool) -> No
 def test_results_become_text_and_is_error_an_error() -> None:
     from mcp.types import CallToolResult, ImageContent, TextContent
 
-    from bot.errors import ToolError
+    from bot.core.errors import ToolError
 
     ok = CallToolResult(content=[TextContent(type="text", text="hi"),
                                  ImageContent(type="image", data="AAAA", mime_type="image/png")])

@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 
 from PIL import Image
 
-from bot.config import Config
-from bot.events import (
+from bot.core.config import Config
+from bot.core.events import (
     ApprovalRequested,
     Attachment,
     ConvKey,

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bot.errors import ToolError
-from bot.events import ApprovalRequested, ConvKey, Notice, Phase, Progress, TurnEnded, User
-from bot.redact import MARK, Redactor, environment_secrets
+from bot.core.errors import ToolError
+from bot.core.events import ApprovalRequested, ConvKey, Notice, Phase, Progress, TurnEnded, User
+from bot.core.redact import MARK, Redactor, environment_secrets
 from bot.tools import outcome_of
 
 SIGNING = "3f9c2b7a1d8e4f60a5b9c3d2e1f0a7b6"

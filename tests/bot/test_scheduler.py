@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bot.errors import ToolError
-from bot.events import ApprovalRequested, TurnEnded
-from bot.schedule_spec import parse
+from bot.core.errors import ToolError
+from bot.core.events import ApprovalRequested, TurnEnded
+from bot.serve.schedule_spec import parse
 from bot.store import JobRow
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.errors import PathRefused, ToolError
-from bot.logs import Redactor
+from bot.core.errors import PathRefused, ToolError
+from bot.run.logs import Redactor
 from bot.tools import ToolContext
 from bot.tools.files import read_file, write_file
 from bot.tools.shell import clean_env, shell

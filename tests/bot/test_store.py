@@ -23,10 +23,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from bot.errors import StoreError
-from bot.events import ConvKey
-from bot.history import CallState, Msg, Outcome, ToolCall, tool_result
-from bot.media import Media
+from bot.core.errors import StoreError
+from bot.core.events import ConvKey
+from bot.core.history import CallState, Media, Msg, Outcome, ToolCall, tool_result
 from bot.store import ApprovalRow, AuditRow, ConvRow, JobRow, Spent, Store, TurnRow, new_id
 from bot.store.backends import open_store
 from bot.store.postgres import PostgresStore, migrate

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from bot import taint
 from bot import turn as t
-from bot.app import default_tools
-from bot.config import Config
-from bot.history import Msg, ToolCall
-from bot.policy import verdict
+from bot.core.config import Config
+from bot.core.history import Msg, ToolCall
+from bot.run.app import default_tools
 from bot.tools import Registry
+from bot.turn import taint
+from bot.turn.policy import verdict
 
 PAGE = "https://pages.example/article"
 TOOLS = Registry(default_tools())
@@ -143,7 +143,7 @@ async def test_a_fetch_that_never_ran_neither_taints_nor_names_its_url() -> None
 
 
 def upload(kind: str, name: str, turn: int = 1) -> Msg:
-    from bot.media import Media
+    from bot.core.history import Media
 
     return Msg("user", f"[Ann] have a look (uploads/{name})", turn,
                media=(Media(kind, name, f"uploads/{name}", f"/ws/uploads/{name}", 10, ""),))

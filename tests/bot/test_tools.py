@@ -18,10 +18,10 @@ from aiohttp import web as aioweb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.app import default_tools, protected_paths
-from bot.config import Config, WebFetchConfig
-from bot.errors import PathRefused, ToolError
-from bot.events import ApprovalRequested, ConvKey, Decision, User, UserMessage, Verdict
+from bot.core.config import Config, WebFetchConfig
+from bot.core.errors import PathRefused, ToolError
+from bot.core.events import ApprovalRequested, ConvKey, Decision, User, UserMessage, Verdict
+from bot.run.app import default_tools, protected_paths
 from bot.store.backends import open_store
 from bot.tools import Tool, ToolContext
 from bot.tools import web as webtool

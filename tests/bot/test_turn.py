@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from bot import turn as t
-from bot.config import Breakers
-from bot.events import User
-from bot.history import CallState, Outcome, ToolCall
+from bot.core.config import Breakers
+from bot.core.events import User
+from bot.core.history import CallState, Outcome, ToolCall
 
 LIMITS = Breakers()
 ANN = User("u1", "Ann")

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.app import default_tools
-from bot.events import (
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     Cancel,
@@ -19,6 +18,7 @@ from bot.events import (
     User,
     Verdict,
 )
+from bot.run.app import default_tools
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 

@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from bot.app import Dispatch, build
-from bot.cluster import Cluster
-from bot.config import Config
-from bot.events import (
+from bot.core.config import Config
+from bot.core.events import (
     ApprovalRequested,
     Cancel,
     ConvKey,
@@ -30,7 +28,9 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
-from bot.hub import Hub
+from bot.run.app import Dispatch, build
+from bot.serve.cluster import Cluster
+from bot.serve.hub import Hub
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.pg import database
@@ -195,7 +195,7 @@ async def test_a_press_on_another_worker_resumes_the_turn(
 
 async def test_status_names_the_backend_the_workers_and_the_queue(
         config_factory: Callable[..., Config], model: FakeModelServer, pg_url: str) -> None:
-    from bot.events import Command, Notice
+    from bot.core.events import Command, Notice
 
     config = config_factory(store__url=pg_url)
     key = ConvKey("console", "status")

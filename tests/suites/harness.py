@@ -27,11 +27,11 @@ from adapters.slack import SlackAdapter
 from adapters.slack import create as create_slack
 from adapters.telegram import TelegramAdapter
 from adapters.telegram import create as create_telegram
-from bot.app import build
-from bot.buttons import ApprovalButton, pack, unpack
-from bot.config import Config
-from bot.events import Verdict
-from bot.hub import Hub
+from bot.core.buttons import ApprovalButton, pack, unpack
+from bot.core.config import Config
+from bot.core.events import Verdict
+from bot.run.app import build
+from bot.serve.hub import Hub
 from tests.conftest import make_config
 from tests.fakes.model_server import FakeModelServer
 from tests.fakes.slack_server import FakeSlackMessage, FakeSlackServer, _ApiError, block_text

@@ -44,10 +44,10 @@ import pytest
 from aiohttp import web
 
 from adapters.slack_render import VERDICT_ACTIONS
-from bot import logs, redact
-from bot.buttons import ApprovalButton, unpack
-from bot.config import Config
-from bot.events import (
+from bot.core import redact
+from bot.core.buttons import ApprovalButton, unpack
+from bot.core.config import Config
+from bot.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ConvKey,
@@ -55,7 +55,8 @@ from bot.events import (
     TurnEnded,
     Verdict,
 )
-from bot.hub import Hub
+from bot.run import logs
+from bot.serve.hub import Hub
 from bot.store import JobRow
 from bot.tools import visible
 from tests.conftest import STATE_NOTE, Recorder, said
@@ -792,7 +793,7 @@ async def test_an_approved_environment_dump_leaks_no_secret(
     requests = json.dumps(model.requests)
     logged = [(r.name, r.getMessage()) for r in caplog.records]
     shown = logs.Redactor([*chat.config.secrets(), *redact.environment_secrets()])
-    for record in caplog.records:  # what Tandem's log handler writes (`bot.logs.setup`)
+    for record in caplog.records:  # what Tandem's log handler writes (`bot.run.logs.setup`)
         shown.filter(record)
     written = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
     for secret in secrets:

@@ -39,11 +39,11 @@ from adapters.slack_render import Incoming, extract_message, parse_command, slac
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_render import parse_command as tg_parse_command
 from adapters.telegram_render import strip_mention
-from bot.access import Access
-from bot.buttons import ApprovalButton, pack, unpack
-from bot.events import Decision, Notice, TurnEnded, UserMessage, Verdict
-from bot.hub import Receipt
-from bot.watch import Watch
+from bot.core.buttons import ApprovalButton, pack, unpack
+from bot.core.events import Decision, Notice, TurnEnded, UserMessage, Verdict
+from bot.core.watch import Watch
+from bot.serve.access import Access
+from bot.serve.hub import Receipt
 from tests.conftest import Core, make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.suites.harness import (

@@ -79,8 +79,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from bot.buttons import ApprovalButton, CancelButton, pack, unpack
-from bot.events import Verdict
+from bot.core.buttons import ApprovalButton, CancelButton, pack, unpack
+from bot.core.events import Verdict
 from bot.store.postgres import PostgresStore
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec

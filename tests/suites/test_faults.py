@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from bot.errors import USER_MESSAGES, ModelRateLimited, ModelStreamCut, StoreError
-from bot.events import ApprovalRequested, Decision, Notice, TurnEnded, Verdict
+from bot.core.errors import USER_MESSAGES, ModelRateLimited, ModelStreamCut, StoreError
+from bot.core.events import ApprovalRequested, Decision, Notice, TurnEnded, Verdict
 from tests.conftest import Core, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.suites.harness import (

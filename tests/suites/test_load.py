@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.history import ToolCall
+from bot.core.history import ToolCall
 from bot.llm import Completion, Delta, StreamItem
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec, validate_messages

@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 import pytest
 
-from bot.buttons import ApprovalButton, CancelButton, unpack
-from bot.events import Verdict
-from bot.hub import Hub
+from bot.core.buttons import ApprovalButton, CancelButton, unpack
+from bot.core.events import Verdict
+from bot.serve.hub import Hub
 from tests.fakes.mcp_servers import LOG_ENV, REPO_ROOT, stdio_command
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import FakeSlackMessage, block_text

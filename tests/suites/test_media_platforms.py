@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import pytest
 from PIL import Image
 
-from bot.events import Verdict
+from bot.core.events import Verdict
 from bot.media import MB
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import block_text

@@ -57,11 +57,11 @@ from hypothesis import strategies as st
 from adapters import slack_render, telegram_render
 from adapters.telegram import TelegramAdapter
 from adapters.telegram import create as create_telegram
-from bot.app import Dispatch, build
-from bot.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
-from bot.config import Config
-from bot.events import ConvKey, Verdict
-from bot.hub import Hub
+from bot.core.buttons import ApprovalButton, CancelButton, ItemButton, pack, unpack
+from bot.core.config import Config
+from bot.core.events import ConvKey, Verdict
+from bot.run.app import Dispatch, build
+from bot.serve.hub import Hub
 from bot.tools import Tool, ToolContext
 from tests.conftest import STATE_NOTE
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec

@@ -9,6 +9,8 @@ restart does. Cancels and which turns run where travel by LISTEN/NOTIFY, so a Ca
 pressed anywhere stops the turn on the worker that runs it. One worker is the leader
 (a PostgreSQL advisory lock, taken over when its holder dies): it computes the schedule
 and sweeps stalled jobs.
+
+Part of `bot.serve`: it may import the rest of `bot.serve` and the layers below it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.cluster.codec import decode, encode
-from bot.events import ConvKey, Decision, Trigger, UserMessage
+from bot.core.events import ConvKey, Decision, Trigger, UserMessage
+from bot.serve.cluster.codec import decode, encode
 
 log = logging.getLogger(__name__)
 

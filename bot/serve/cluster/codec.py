@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from bot.events import (
+from bot.core.events import (
     Attachment,
     Cancel,
     Command,
@@ -17,8 +17,8 @@ from bot.events import (
     UserMessage,
     Verdict,
 )
-from bot.recovery import Resume
-from bot.worker import Expiry, Work
+from bot.serve.recovery import Resume
+from bot.serve.worker import Expiry, Work
 
 _KINDS: dict[str, type[Any]] = {
     "message": UserMessage, "decision": Decision, "cancel": Cancel, "trigger": Trigger,

@@ -1,4 +1,4 @@
-"""Lanes across workers: the same interface as `bot.lanes.Lanes`, backed by the cluster's
+"""Lanes across workers: the same interface as `bot.serve.lanes.Lanes`, backed by the cluster's
 task queue. `put` queues a job locked on the conversation (the queue keeps one
 conversation's jobs in order, one at a time, on whichever worker takes them); the turn
 that runs here is announced to the others, so a Cancel received by any worker reaches
@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
-from bot.cluster import Cluster, conv_of
-from bot.events import ConvKey, Decision, Trigger, UserMessage
-from bot.intake import replay
-from bot.lanes import Lanes
+from bot.core.events import ConvKey, Decision, Trigger, UserMessage
+from bot.serve.cluster import Cluster, conv_of
+from bot.serve.intake import replay
+from bot.serve.lanes import Lanes
 from bot.store import Store
 
 log = logging.getLogger(__name__)

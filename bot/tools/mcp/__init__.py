@@ -4,7 +4,9 @@
 and the SDK itself is imported off the event loop), and each server's tools join the
 registry as a group of their own (`bot.tools.Registry.set_group`), in a stable order.
 They pass the same gate as Tandem's own tools: policy, cards, "always" rules, breakers,
-cancel, redaction and the taint rule (`bot.mcp.tools`).
+cancel, redaction and the taint rule (`bot.tools.mcp.tools`).
+
+Part of `bot.tools`: it may import the rest of `bot.tools` and the layers below it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import asyncio
 import importlib
 import logging
 
-from bot.config import McpConfig
-from bot.mcp.connection import Connection
+from bot.core.config import McpConfig
 from bot.tools import Registry, Tool
+from bot.tools.mcp.connection import Connection
 
 log = logging.getLogger(__name__)
 

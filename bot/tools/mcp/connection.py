@@ -18,10 +18,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from bot.config import McpServerConfig
-from bot.errors import ToolError
-from bot.mcp.tools import Keep, build_tools, result_text
+from bot.core.config import McpServerConfig
+from bot.core.errors import ToolError
 from bot.tools import Tool
+from bot.tools.mcp.tools import Keep, build_tools, result_text
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from bot.errors import ToolError
+from bot.core.errors import ToolError
 from bot.media import new_file
 from bot.media.receive import safe_name
 

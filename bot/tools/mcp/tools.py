@@ -21,10 +21,10 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from bot.config import McpServerConfig
-from bot.errors import ToolError
-from bot.mcp.media import Kept
+from bot.core.config import McpServerConfig
+from bot.core.errors import ToolError
 from bot.tools import Tool, ToolContext
+from bot.tools.mcp.media import Kept
 
 log = logging.getLogger(__name__)
 
