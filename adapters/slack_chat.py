@@ -27,10 +27,11 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from adapters import slack_render as render
 from adapters.edge import Where
 from adapters.live import FINAL_DEADLINE_S, LiveMessage, RetryLater
-from adapters.slack_render import PLATFORM
+from adapters.slack_inbound import PLATFORM
 from adapters.slack_stream import SlackStream
 from adapters.slack_stream import Where as StreamWhere
 from adapters.slack_threads import remember
+from bot.core.buttons import ApprovalButton, ButtonData
 from bot.core.config import SlackConfig
 from bot.core.errors import StoreError
 from bot.core.events import ApprovalRequested, Button, ConvKey, Progress, User
@@ -191,6 +192,17 @@ class SlackChat:
     async def typing(self, conv: ConvKey) -> None:
         """Slack shows no typing for a bot (an assistant thread's status line says it)."""
 
+    async def offer_prompts(self, channel: str, thread: str) -> None:
+        """A new assistant thread: the configured prompts, offered."""
+        prompts = [{"title": p[:75], "message": p} for p in self.slack.assistant.prompts]
+        if not prompts:
+            return
+        try:
+            await self.client.assistant_threads_setSuggestedPrompts(
+                channel_id=channel, thread_ts=thread, prompts=prompts)
+        except NETWORK_ERRORS:
+            log.warning("slack: could not offer prompts in %s", channel, exc_info=True)
+
     # -- messages ---------------------------------------------------------------------
 
     async def _post_blocks(self, conv: ConvKey, text: str,
@@ -253,6 +265,16 @@ class SlackChat:
             await self._post_blocks(event.conv, f"The `{event.tool}` call, in full", blocks)
         resp = await self._post_blocks(event.conv, card.text, [*card.blocks, *card.buttons])
         return {"channel": str(resp["channel"]), "ts": str(resp["ts"]), "blocks": card.blocks}
+
+    def decided_press(self, channel: str, ts: str, action_id: str) -> ButtonData | None:
+        """A press without usable data on a decided card (a client showing the card as it
+        was): the card's approval, so the core answers it ("Already decided…"). On a card
+        still pending such a press is forged, and counts for nothing."""
+        verdict = next((v for v, a in render.VERDICT_ACTIONS.items() if a == action_id), None)
+        approval_id = self.card_at.get((channel, ts))
+        if verdict is None or approval_id is None:
+            return None
+        return ApprovalButton(approval_id, verdict)
 
     def outcome_line(self, outcome: str, by: User | None) -> str:
         return render.outcome_line(outcome, by)

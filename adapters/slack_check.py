@@ -14,10 +14,23 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.slack_files import check as check_files
-from adapters.slack_http import as_str
+from adapters.slack_http import SlackUnavailable
+from adapters.slack_inbound import as_str
 from bot.core.config import Config
 from bot.core.errors import ConfigError
 from bot.llm.failures import cause
+
+
+async def signed_in(client: AsyncWebClient, base_url: str) -> AsyncSlackResponse:
+    """`auth.test` with the bot token, as `start` asks it."""
+    try:
+        return await client.auth_test()
+    except SlackApiError as exc:
+        raise ConfigError("slack.bot_token", "was rejected by Slack "
+                          f"({exc.response.get('error')})") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise SlackUnavailable(f"slack: cannot reach {base_url} "
+                               f"({type(exc).__name__})") from None
 
 
 def home_team(configured: str | None, auth: AsyncSlackResponse) -> str:

@@ -1,4 +1,5 @@
-"""Slack's requests as they reach Tandem: the HTTP mode's checks and bolt's error handling.
+"""Slack's requests as they reach Tandem: the connection (Socket Mode, or HTTP mode's
+endpoint and its checks), the workspace gate, and bolt's error handling.
 
 `signed_only` is the aiohttp middleware of HTTP mode: it refuses what is not signed with
 the signing secret, and what bolt could not read, before bolt sees it. `on_bolt_error`
@@ -8,33 +9,34 @@ acks what no listener takes (so Slack does not retry it) and logs what failed on
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
 from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.internals import parse_body
 from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.request import HttpRequest
 from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters import slack_render as render
-from adapters.slack_render import PLATFORM
+from adapters.slack_inbound import PLATFORM, as_str, odd_shape, teams
+from bot.core.config import SlackConfig
+from bot.core.errors import ConfigError, TandemError
 from bot.core.watch import PlatformCall, Watch
 
 log = logging.getLogger(__name__)
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def as_str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 class Failures(AsyncRetryHandler):
@@ -111,7 +113,7 @@ def _unreadable(raw: bytes, content_type: str, charset: str | None) -> str | Non
         return "not a JSON object"
     if not (isinstance(body.get("type"), str) or "command" in body or "ssl_check" in body):
         return "without a type"
-    odd = render.odd_shape(body)
+    odd = odd_shape(body)
     return None if odd is None else f"misshapen: {odd}"
 
 
@@ -136,7 +138,7 @@ def _failed(error: BaseException) -> int:
 
     Raised with Tandem's code on the stack (a listener, the workspace check): Tandem's bug,
     logged with its traceback, a 500. Raised inside slack-bolt alone: a payload of a shape
-    `render.odd_shape` does not know that bolt could not read, one line, a 400 (Slack
+    `slack_inbound.odd_shape` does not know that bolt could not read, one line, a 400 (Slack
     retries a 5xx, and the same payload would fail the same way again)."""
     if _raised_in_tandem(error):
         log.error("slack: handling a request failed", exc_info=error)
@@ -155,3 +157,94 @@ def _raised_in_tandem(error: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+class SlackUnavailable(TandemError):
+    """Slack could not be reached at start."""
+
+
+async def connect_socket(app: AsyncApp, app_token: str | None,
+                         client: AsyncWebClient) -> AsyncSocketModeHandler:
+    """Socket Mode: the connection open, or the reason it would not (a closed handler)."""
+    socket = AsyncSocketModeHandler(app, app_token=app_token, web_client=client)
+    try:
+        await socket.connect_async()  # type: ignore[no-untyped-call]
+    except SlackApiError as exc:
+        await socket.close_async()  # type: ignore[no-untyped-call]
+        raise ConfigError("slack.app_token", "was rejected by Slack "
+                          f"({exc.response.get('error')})") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        await socket.close_async()  # type: ignore[no-untyped-call]
+        raise SlackUnavailable(f"slack: cannot open the Socket Mode connection "
+                               f"({type(exc).__name__})") from None
+    return socket
+
+
+async def listen(app: AsyncApp, slack: SlackConfig) -> tuple[web.AppRunner, str]:
+    """HTTP mode: the events endpoint listening (signed requests only), and its URL."""
+    http = slack.http
+    web_app = app.web_app(path=http.path)
+    web_app.middlewares.append(signed_only(slack.signing_secret or ""))
+    runner = web.AppRunner(web_app, handle_signals=False, access_log=None,
+                           shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, http.host, http.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError("slack.http.port", f"cannot listen on {http.host}:{http.port} "
+                          f"({exc.strerror})") from None
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}{http.path}"
+    log.info("slack: listening for events on %s", url)
+    return runner, url
+
+
+class WorkspaceGate:
+    """Bolt middleware: a payload that names another workspace is acked (an empty 200) and
+    goes no further; nothing of it reaches a listener or the core. Each such workspace is
+    logged once."""
+
+    def __init__(self, home: Callable[[], str | None]) -> None:
+        self.home = home
+        self._logged: set[str] = set()
+
+    async def __call__(self, body: dict[str, Any], resp: BoltResponse,
+                       next_: Callable[[], Awaitable[None]]) -> BoltResponse:
+        foreign = sorted(teams(body) - {self.home() or ""})
+        if not foreign:
+            await next_()
+            return resp
+        if foreign[0] not in self._logged and len(self._logged) < 10_000:
+            self._logged.add(foreign[0])
+            log.warning("slack: ignoring payloads from workspace %s (this bot serves %s); "
+                        "later ones from it are not logged", foreign[0], self.home())
+        return BoltResponse(status=200, body="")
+
+
+class Inflight:
+    """Listener work running in bolt's tasks, held so that `end` can finish it."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    @contextlib.contextmanager
+    def tracked(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            yield
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def end(self, grace: float) -> None:
+        """Wait up to `grace` seconds for the work under way, then cancel what is left."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=grace)
+            for task in self._tasks:
+                task.cancel()

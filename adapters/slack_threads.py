@@ -23,8 +23,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_render import PLATFORM, slack_text
-from bot.core.events import ConvKey
+from adapters.slack_inbound import PLATFORM, slack_text
+from bot.core.events import ConvKey, User
 from bot.serve.hub import Hub
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,14 @@ class Threads:
     def _mine(self, message: dict[str, Any]) -> bool:
         return message.get("user") == self.bot_user or \
             bool(self.bot_id) and message.get("bot_id") == self.bot_id
+
+    async def who(self, uid: str, team: str | None) -> User:
+        """The core's user: Slack's id and team; the name is looked up (`users.info`) only
+        for users the hub serves, since it refuses the others before any name is shown."""
+        who = User(uid, "", team)
+        if not self.hub.access.allows(PLATFORM, who):
+            return who
+        return User(uid, await self.name(uid), team)
 
     async def name(self, user: str) -> str:
         name = self._names.get(user)

@@ -30,7 +30,7 @@ from adapters.live import QUEUED
 from adapters.slack import SlackUnavailable, create
 from adapters.slack_http import on_bolt_error as _on_bolt_error
 from adapters.slack_http import signed_only as _signed_only
-from adapters.slack_render import teams
+from adapters.slack_inbound import teams
 from bot.core.buttons import CancelButton, pack
 from bot.core.errors import ConfigError
 from bot.core.events import ApprovalRequested, ConvKey, User

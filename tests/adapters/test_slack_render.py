@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from adapters import slack_inbound
 from adapters import slack_render as render
-from adapters.slack_render import extract_message, parse_command, slack_text
+from adapters.slack_inbound import extract_message, parse_command, slack_text
 from bot.core.buttons import ApprovalButton, CancelButton, unpack
 from bot.core.events import Button, ConvKey, Phase, Progress, User, Verdict
 
@@ -95,11 +96,12 @@ def test_only_web_and_mail_links_become_links(markdown: str, mrkdwn: str) -> Non
 def test_the_workspaces_a_payload_names() -> None:
     envelope = {"type": "event_callback", "team_id": "T1",
                 "event": {"type": "message", "team": "T2", "user_team": "T3"}}
-    assert render.teams(envelope) == {"T1", "T2", "T3"}
+    assert slack_inbound.teams(envelope) == {"T1", "T2", "T3"}
     press = {"type": "block_actions", "team": {"id": "T1"}, "user": {"id": "U1", "team_id": "T4"}}
-    assert render.teams(press) == {"T1", "T4"}
-    assert render.teams({"command": "/tandem", "team_id": "T1"}) == {"T1"}
-    assert render.teams({"type": "event_callback", "event": "x", "team": 5, "user": None}) == set()
+    assert slack_inbound.teams(press) == {"T1", "T4"}
+    assert slack_inbound.teams({"command": "/tandem", "team_id": "T1"}) == {"T1"}
+    assert slack_inbound.teams(
+        {"type": "event_callback", "event": "x", "team": 5, "user": None}) == set()
 
 
 SLACK_SENDS: list[dict[str, Any]] = [  # trimmed from Slack's documented payloads
@@ -134,7 +136,7 @@ SLACK_SENDS: list[dict[str, Any]] = [  # trimmed from Slack's documented payload
 
 @pytest.mark.parametrize("body", SLACK_SENDS)
 def test_what_slack_sends_has_the_shapes_bolt_reads(body: dict[str, Any]) -> None:
-    assert render.odd_shape(body) is None
+    assert slack_inbound.odd_shape(body) is None
 
 
 @pytest.mark.parametrize(("body", "problem"), [
@@ -157,11 +159,12 @@ def test_what_slack_sends_has_the_shapes_bolt_reads(body: dict[str, Any]) -> Non
     ({"response_urls": None}, "`response_urls` is not a list of objects"),
 ])
 def test_what_bolt_would_misread_is_named(body: dict[str, Any], problem: str) -> None:
-    assert render.odd_shape(body) == problem
+    assert slack_inbound.odd_shape(body) == problem
 
 
 def test_fields_bolt_never_reads_may_hold_anything() -> None:
-    assert render.odd_shape({"type": "block_actions", "team": "T1", "is_enterprise_install": 5,
+    assert slack_inbound.odd_shape({"type": "block_actions", "team": "T1",
+                                    "is_enterprise_install": 5,
                              "thread_ts": [], "response_url": 5, "response_urls": 5,
                              "actions": [{"action_id": "a", "value": 5, "block_id": {}}],
                              "event": {"type": "x", "message": "not looked into"}}) is None

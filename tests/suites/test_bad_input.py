@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from telegram import Update
 
 from adapters.slack import SlackAdapter
-from adapters.slack_render import Incoming, extract_message, parse_command, slack_text
+from adapters.slack_inbound import Incoming, extract_message, parse_command, slack_text
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_render import parse_command as tg_parse_command
 from adapters.telegram_render import strip_mention
