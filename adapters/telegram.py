@@ -9,10 +9,9 @@ the hub took it: after a restart an approval card is known only from a decision 
 accepted, pressed on a message of Tandem's that shows that approval's buttons, so no
 other message is ever edited as the card. Outbound: the shared edge (`adapters.edge`)
 decides what the chat shows and calls Telegram's primitives (`adapters.telegram_chat`);
-the Bot API calls themselves (flood holds, edit pacing, the plain-text fallback, the
-aiohttp transport) are in `adapters.telegram_api`. Updates come by long polling, or in
-webhook mode (`telegram.mode`) from `adapters.telegram_webhook`; with `poll` false a
-polling-mode adapter only sends (another worker, the elected one, polls).
+the Bot API calls themselves are in `adapters.telegram_api`. Updates come by long
+polling, or in webhook mode (`telegram.mode`) from `adapters.telegram_webhook`; with
+`poll` false a polling-mode adapter only sends (another worker, the elected one, polls).
 """
 
 from __future__ import annotations
@@ -56,8 +55,6 @@ COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
             ("approvals", "Standing approval rules here"),
             ("audit", "Latest audit entries here (approvers)")]
-RECENT = 1000
-"""Inbound messages remembered for a 👀 on the one queued."""
 
 
 class TelegramUnavailable(TandemError):
@@ -214,15 +211,12 @@ class TelegramAdapter(EdgeTimings):
             if command is not None and command[0] in ("stop", "cancel"):
                 receipt = await self.hub.cancel(Cancel(conv, user, ref))
             else:
-                recent = self.chat.recent
-                recent[ref] = (message.chat.id, message.message_id)
-                while len(recent) > RECENT:
-                    recent.popitem(last=False)
+                self.chat.heard(ref, message.chat.id, message.message_id)
                 item = Command(conv, user, command[0], command[1], ref=ref) if command \
                     else UserMessage(conv, user, text, ref=ref, attachments=files)
                 receipt = await self.hub.submit(item)
                 if not receipt.accepted and self._stranger(receipt.note, user):
-                    recent.pop(ref, None)
+                    self.chat.recent.pop(ref, None)
         if receipt.accepted:
             self._served(sender)
         elif receipt.note and self._stranger(receipt.note, user):

@@ -38,6 +38,8 @@ from bot.serve.hub import Hub
 log = logging.getLogger(__name__)
 PLATFORM = "telegram"
 MAX_TEXT = 4096
+RECENT = 1000
+"""Inbound messages remembered, for a 👀 on the one that is queued."""
 VERDICTS = (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
             ("♾️ Always in this chat", Verdict.ALWAYS))
 
@@ -63,6 +65,12 @@ class TelegramChat:
         """Inbound refs of recent messages: (chat, message id), for the 👀 of a queued one."""
         self.no_drafts: set[int] = set()
         """Private chats where Telegram refused a draft."""
+
+    def heard(self, ref: str, chat: int, message_id: int) -> None:
+        """Inbound `ref` is this message (it may get a 👀 if it has to wait)."""
+        self.recent[ref] = (chat, message_id)
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
 
     # -- a turn's live surface ------------------------------------------------------------
 
