@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic
 
 from adapters.edge.chat import Chat, Live, Ref
@@ -83,6 +83,8 @@ class Turns(Generic[Ref]):
         turn = self._turns.get(event.conv)
         if turn is None:
             return
+        if event.text and not event.text.strip():  # nothing visible yet: still a status
+            event = replace(event, text="")
         turn.progress = event
         running = event.phase is Phase.TOOL and bool(event.tool) and not event.text
         turn.tool_since = time.monotonic() if running else None

@@ -232,7 +232,9 @@ def restart(state: TurnState, limits: Breakers, was_running: bool) -> Step:
 
 def final_text(state: TurnState, reason: ExitReason, answer: str, shown: str) -> str:
     """What the chat is shown as the end of a running turn (`shown`: the text on screen
-    when it was cancelled)."""
+    when it was cancelled). An answer with no visible text counts as none."""
+    answer = answer if answer.strip() else ""
+    shown = shown if shown.strip() else ""
     match reason:
         case ExitReason.COMPLETED:
             return answer or "(The model returned an empty answer.)"
