@@ -77,7 +77,7 @@ class Edge(Generic[Ref]):
             case Suspended():
                 await self.turns.suspended(event)
             case ApprovalRequested() if event.reminder:
-                pass  # the card is still on screen
+                await self.cards.reminded(event)
             case ApprovalRequested():
                 await self.turns.show(event.conv)  # the turn's message goes above the card
                 await self.cards.requested(event)

@@ -44,6 +44,14 @@ class Cards:
         _remember(self._cards, event.approval_id, where)
         await self.store.remember_card(event.approval_id, where)
 
+    async def reminded(self, event: ApprovalRequested) -> None:
+        """A pending approval shown again after a restart: its card is still on screen,
+        unless none was ever posted (Tandem stopped in between); then it is posted now."""
+        if event.approval_id in self._cards or \
+                await self.store.card_of(event.approval_id) is not None:
+            return
+        await self.requested(event)
+
     async def resolved(self, event: ApprovalResolved) -> None:
         line = self.chat.outcome_line(event.outcome, event.by)
         where = await self._where(event.approval_id)

@@ -14,9 +14,10 @@ from pathlib import Path
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
 
+from bot.core.events import ApprovalRequested, Event, Verdict
 from tests.adapters.test_slack import Rig as SlackRig
 from tests.adapters.test_slack import buttons
-from tests.adapters.test_telegram import ANN, GROUP, rig
+from tests.adapters.test_telegram import ANN, ECHO, GROUP, rig
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.fakes.slack_server import FakeSlackServer
 from tests.fakes.telegram_server import FakeTelegram
@@ -83,3 +84,78 @@ async def test_telegram_an_answer_that_starts_with_blank_lines_streams_as_usual(
         assert r.adapter.chat.no_drafts == set(), "a blank draft was taken for drafts refused"
         refused = [(c.method, c.status) for c in tg.calls if c.status >= 400]
         assert refused == [], refused
+
+
+# ---- a card lost to a kill -------------------------------------------------------------
+
+
+async def test_telegram_a_card_never_posted_before_a_stop_is_posted_at_the_restart(
+        tmp_path: Path, model: FakeModelServer, tg: FakeTelegram) -> None:
+    """One process dies between storing the approval and posting its card (here: its
+    chat never saw the card); the next start posts it, so someone can press it."""
+    model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote out.txt."))
+    async with rig(tmp_path, model, tg) as r:
+        lost: list[ApprovalRequested] = []
+        emit = r.adapter.emit
+
+        async def dying(event: Event) -> None:
+            if isinstance(event, ApprovalRequested):
+                lost.append(event)  # the process stops before the card goes out
+                return
+            await emit(event)
+
+        r.adapter.emit = dying  # type: ignore[method-assign]
+        tg.push_message(ANN, ANN, "write hi to out.txt")
+        await tg.wait_for(lambda: bool(lost))
+        await r.hub.idle()
+        assert not any(m.text.startswith("🔐") for m in r.bot(ANN))
+    async with rig(tmp_path, model, tg) as again:
+        card, approval_id = await again.card(ANN)
+        assert approval_id == lost[0].approval_id
+        again.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
+        await again.answered(ANN, "Wrote out.txt.")
+        await again.hub.idle()
+    assert (again.workspace / "out.txt").read_text() == "hi\n"
+    cards = [m for m in again.bot(ANN) if m.text.startswith("🔐")]
+    assert len(cards) == 1, "the card was posted more than once"
+
+
+async def test_telegram_a_card_on_screen_is_not_posted_again_at_the_restart(
+        tmp_path: Path, model: FakeModelServer, tg: FakeTelegram) -> None:
+    model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote out.txt."))
+    async with rig(tmp_path, model, tg) as r:
+        tg.push_message(ANN, ANN, "write hi to out.txt")
+        card, approval_id = await r.card(ANN)
+        await r.hub.idle()
+    async with rig(tmp_path, model, tg) as again:
+        again.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
+        await again.answered(ANN, "Wrote out.txt.")
+        await again.hub.idle()
+        assert len([m for m in again.bot(ANN) if m.text.startswith("🔐")]) == 1
+
+
+async def test_slack_a_card_never_posted_before_a_stop_is_posted_at_the_restart(
+        slack: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote out.txt."))
+    async with SlackRig(slack, model, tmp_path, "socket") as r:
+        lost: list[ApprovalRequested] = []
+        emit = r.adapter.emit
+
+        async def dying(event: Event) -> None:
+            if isinstance(event, ApprovalRequested):
+                lost.append(event)  # the process stops before the card goes out
+                return
+            await emit(event)
+
+        r.adapter.emit = dying  # type: ignore[method-assign]
+        await r.say("D1", "U1", "write hi to out.txt")
+        await slack.wait_for(lambda: bool(lost))
+        await r.settle()
+        await r.restart()
+        card = await r.card("D1")
+        await r.press("D1", "U1", card.ts, "tandem_approve")
+        await r.wait_text("D1", "Wrote out.txt.")
+        await r.settle()
+        cards = [m for m in slack.bot_messages("D1") if "wants to run" in str(m.blocks)]
+        assert len(cards) == 1, "the card was posted more than once"
+    assert (r.workspace / "out.txt").read_text() == "hi\n"
