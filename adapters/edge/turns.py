@@ -58,9 +58,6 @@ class Turns(Generic[Ref]):
         self.paused: Paused[ConvKey, Ref] = Paused(chat.delete)
         """A turn waiting for approval: its placeholder (saying so) and its text."""
 
-    def get(self, conv: ConvKey) -> Turn[Ref] | None:
-        return self._turns.get(conv)
-
     def shows(self, conv: ConvKey, mine: Callable[[Ref], bool]) -> bool:
         """A message `mine` picks is (or may be, while it is posted) the running turn's."""
         turn = self._turns.get(conv)
