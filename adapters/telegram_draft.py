@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from telegram.error import BadRequest, Forbidden, NetworkError
+from telegram.error import BadRequest, Forbidden, NetworkError, TimedOut
 
 from adapters.live import LiveMessage, RetryLater, split_text
 from adapters.telegram_api import BotApi, Posted
@@ -112,8 +112,20 @@ class Draft:
         if self.live is not None:
             await self.live.finish(text)
             return
-        for part in split_text(text or " ", self.limit):
-            self._sent.append(await self._send(part))
+        parts = split_text(text or " ", self.limit)
+        for i, part in enumerate(parts):
+            try:
+                self._sent.append(await self._send(part))
+            except TimedOut:
+                raise  # it may have arrived: never sent twice
+            except (NetworkError, RetryLater):
+                # Telegram is out of reach for longer than the client retries: the rest
+                # goes with a placeholder's patience (it retries for minutes)
+                log.warning("Telegram: the answer could not be sent in chat %s yet; "
+                            "retrying", self.chat)
+                self.live = self._fallback()
+                await self.live.finish("\n\n".join(parts[i:]))
+                return
 
     async def close(self) -> None:
         await self._stop()

@@ -21,6 +21,7 @@ from tests.adapters.test_telegram import ANN, ECHO, GROUP, rig
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.fakes.slack_server import FakeSlackServer
 from tests.fakes.telegram_server import FakeTelegram
+from tests.suites.harness import FaultyTelegram, tg_rig
 
 EMPTY = "(The model returned an empty answer.)"
 
@@ -159,3 +160,23 @@ async def test_slack_a_card_never_posted_before_a_stop_is_posted_at_the_restart(
         cards = [m for m in slack.bot_messages("D1") if "wants to run" in str(m.blocks)]
         assert len(cards) == 1, "the card was posted more than once"
     assert (r.workspace / "out.txt").read_text() == "hi\n"
+
+
+# ---- the final answer's patience ------------------------------------------------------
+
+
+async def test_telegram_a_drafted_answer_outlasts_network_trouble_like_a_placeholder(
+        tmp_path: Path, model: FakeModelServer) -> None:
+    """Telegram answers 502 to the final send for longer than the Bot API client's own
+    retries last (about 7.5 s): the answer still arrives, once."""
+    answer = "The answer that must arrive."
+    async with FaultyTelegram(flood=False) as faulty:
+        model.script(Reply(text=answer))
+        async with tg_rig(tmp_path, model, faulty, drafts=True) as r:
+            faulty.fail("sendMessage", status=502, times=6,
+                        when=lambda p: "must arrive" in str(p.get("text")))
+            faulty.push_message(ANN, ANN, "answer me")
+            await r.answered(ANN, answer, timeout=30)
+            await r.hub.idle()
+            assert [m.text for m in r.bot(ANN)] == [answer]
+        assert faulty.injected == [("sendMessage", 502)] * 6
