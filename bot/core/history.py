@@ -123,12 +123,14 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.wire_arguments()}}
 
     def wire_arguments(self) -> str:
-        """Malformed JSON is sent back as `{}`: strict providers parse the arguments."""
+        """On the wire the arguments are always a JSON object: malformed JSON, or JSON that
+        is not an object (`[1]`, `null`), is sent back as `{}` (strict providers parse the
+        arguments, and refuse anything else on every later request)."""
         try:
-            json.loads(self.arguments)
+            value = json.loads(self.arguments)
         except ValueError:
             return "{}"
-        return self.arguments
+        return self.arguments if isinstance(value, dict) else "{}"
 
 
 def estimate_tokens(text: str) -> int:
