@@ -333,7 +333,11 @@ class Runner:
                    cancel: asyncio.Event, scratch: Scratch) -> None:
         call = record.call
         tool = self.d.tools.get(call.name)
-        assert tool is not None
+        if tool is None:  # it left the registry while the call waited (an MCP server's
+            # tools changed, or its server has not connected again since a restart)
+            gone = f"error: the tool `{call.name}` is not available now; nothing was run"
+            await self.apply(conv, t.finish(state, self.limits, call.id, Outcome.ERROR, gone))
+            return
         args = parse_arguments(call.arguments)
         approval = await self.d.store.approval_for_call(conv.row.id, conv.row.session, call.id)
         if approval is not None and approval.summary != tool.summary(args):

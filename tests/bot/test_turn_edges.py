@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from bot.core.events import ApprovalRequested, Decision, Notice, Verdict
+from bot.tools import Tool, ToolContext
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 
@@ -30,4 +32,37 @@ async def test_arguments_that_are_json_but_no_object_go_back_as_an_object(
                 assert isinstance(sent, dict), call
     tool = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert "must be a JSON object" in str(tool[0])
+    assert model.violations == []
+
+
+async def test_an_approved_call_whose_tool_left_the_registry_is_told_to_the_model(
+        model: FakeModelServer, config_factory: Any) -> None:
+    """An MCP server's `tools/list_changed` removed the tool while its card waited: the
+    approval runs nothing, the model reads why, and the turn goes on."""
+    ran: list[dict[str, Any]] = []
+
+    async def deploy(_ctx: ToolContext, args: dict[str, Any]) -> str:
+        ran.append(args)
+        return "deployed"
+
+    tool = Tool("deploy", "Deploy the site", {"type": "object", "properties": {}}, deploy)
+    model.script(Reply(tool_calls=[ToolCallSpec("deploy", {})]), Reply(text="It is gone."),
+                 Reply(text="Still here."))
+    async with Core(config_factory()) as core:
+        core.hub.d.tools.set_group("site", [tool])
+        await core.say("deploy it")
+        await core.sink.wait(lambda: bool(core.sink.of(ApprovalRequested)))
+        core.hub.d.tools.set_group("site", [])  # the server took it back
+        approval = core.sink.of(ApprovalRequested)[0]
+        await core.hub.submit(Decision(core.key, core.user, approval.approval_id,
+                                       Verdict.APPROVE))
+        [ended] = await core.sink.ended()
+        await core.say("and now?")
+        second = (await core.sink.ended(2))[1]
+    assert ran == []
+    assert ended.text == "It is gone." and ended.reason == "completed"
+    assert second.text == "Still here."
+    tool_results = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert "`deploy` is not available now" in tool_results[0]
+    assert not any("interrupted" in n.text for n in core.sink.of(Notice))
     assert model.violations == []
