@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from bot.core.events import ConvKey, UserMessage
+from bot.turn.cancel import CancelSignal
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -27,7 +28,7 @@ class _Lane(Generic[W]):
     inbox: deque[W] = field(default_factory=deque)
     parked: list[W] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
-    cancel: asyncio.Event | None = None
+    cancel: CancelSignal | None = None
     """Set while a turn runs; setting it cancels that turn."""
     turn: int | None = None
     """The number of the turn that runs now."""
@@ -82,9 +83,9 @@ class Lanes(Generic[W]):
 
     # -- the running turn -------------------------------------------------------------
 
-    def begin(self, key: ConvKey, turn: int) -> asyncio.Event:
+    def begin(self, key: ConvKey, turn: int) -> CancelSignal:
         lane = self._lanes.setdefault(key, _Lane())
-        lane.cancel, lane.turn = asyncio.Event(), turn
+        lane.cancel, lane.turn = CancelSignal(), turn
         return lane.cancel
 
     def end(self, key: ConvKey) -> None:
@@ -131,7 +132,7 @@ class Lanes(Generic[W]):
             lane.inbox.clear()
             lane.parked.clear()
             if lane.cancel is not None:
-                lane.cancel.set()
+                lane.cancel.stop_for_shutdown()
             if lane.task is not None:
                 tasks.append(lane.task)
         if tasks:

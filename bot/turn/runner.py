@@ -38,6 +38,7 @@ from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
 from bot.tools.mcp import Servers
 from bot.turn import compaction, policy, streaming, taint
 from bot.turn.budget import Budget
+from bot.turn.cancel import CancelSignal
 from bot.turn.conversation import Conversation
 from bot.turn.prompt import Prompt, Request
 from bot.turn.streaming import Scratch
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 RAN = frozenset({Outcome.OK, Outcome.ERROR})
 """Outcomes whose result may hold what the tool returned (the others are Tandem's words)."""
 PROGRESS_TICK_S = 5.0
-
 Emit = Callable[[Event], Awaitable[None]]
 
 
@@ -202,7 +202,7 @@ class Runner:
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def drive(self, conv: Conversation, cancel: asyncio.Event) -> t.ExitReason | None:
+    async def drive(self, conv: Conversation, cancel: CancelSignal) -> t.ExitReason | None:
         """Run the turn until it ends (its reason) or waits for a human (None)."""
         scratch = Scratch(started=time.monotonic())
         while True:
@@ -223,7 +223,8 @@ class Runner:
                                                 "suspended", None)
                     ids = tuple(r.approval_id for r in waiting if r.approval_id)
                     await self.d.emit(Suspended(conv.row.key, state.turn, ids, scratch.answer))
-                    return None
+                    if not cancel.by_person:  # a person's Cancel as it paused: it ends
+                        return None
                 case t.Exit(reason):
                     await self._exit(conv, state, reason, scratch)
                     return reason
@@ -333,8 +334,7 @@ class Runner:
                    cancel: asyncio.Event, scratch: Scratch) -> None:
         call = record.call
         tool = self.d.tools.get(call.name)
-        if tool is None:  # it left the registry while the call waited (an MCP server's
-            # tools changed, or its server has not connected again since a restart)
+        if tool is None:  # gone while the call waited (an MCP server's tools changed)
             gone = f"error: the tool `{call.name}` is not available now; nothing was run"
             await self.apply(conv, t.finish(state, self.limits, call.id, Outcome.ERROR, gone))
             return

@@ -4,11 +4,22 @@ waiting call. The real hub, SQLite and litellm against the strict fake model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bot.core.events import ApprovalRequested, Decision, Notice, Verdict
+from bot.core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Cancel,
+    Decision,
+    Event,
+    Notice,
+    Suspended,
+    Verdict,
+)
+from bot.serve.intake import Receipt
 from bot.tools import Tool, ToolContext
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
@@ -66,3 +77,35 @@ async def test_an_approved_call_whose_tool_left_the_registry_is_told_to_the_mode
     assert "`deploy` is not available now" in tool_results[0]
     assert not any("interrupted" in n.text for n in core.sink.of(Notice))
     assert model.violations == []
+
+
+async def test_a_cancel_pressed_while_the_turn_suspends_ends_it(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
+    """The ⏹ press lands while the turn is storing and showing its pause: it was
+    acknowledged ("Cancelling…"), then lost, and a later Approve ran the command."""
+    marker = tmp_path / "workspace" / "ran.txt"
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": f"touch {marker}"})]),
+                 Reply(text="Later."))
+    async with Core(config_factory()) as core:
+        receipts: list[Receipt] = []
+        record = core.sink.emit
+
+        async def pressing(event: Event) -> None:
+            if isinstance(event, Suspended):  # the press arrives just as the turn pauses
+                receipts.append(await core.hub.cancel(Cancel(core.key, core.user)))
+            await record(event)
+
+        core.sink.emit = pressing  # type: ignore[method-assign]
+        await core.say("touch it")
+        [ended] = await core.sink.ended()
+        approval = core.sink.of(ApprovalRequested)[0]
+        late = await core.hub.submit(Decision(core.key, core.user, approval.approval_id,
+                                              Verdict.APPROVE))
+        await core.hub.idle()
+        resolved = core.sink.of(ApprovalResolved)
+    assert receipts and receipts[0].accepted
+    assert ended.reason == "cancelled"
+    assert [r.outcome for r in resolved] == ["cancelled"]
+    assert late.accepted or late.note  # answered, and it changes nothing
+    assert not marker.exists()
+    assert len(model.requests) == 1

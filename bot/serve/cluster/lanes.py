@@ -20,6 +20,7 @@ from bot.serve.cluster import Cluster, conv_of
 from bot.serve.intake import replay
 from bot.serve.lanes import Lanes
 from bot.store import Store
+from bot.turn.cancel import CancelSignal
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -125,7 +126,7 @@ class ClusterLanes(Lanes[W], Generic[W]):
 
     # -- the running turn ---------------------------------------------------------------
 
-    def begin(self, key: ConvKey, turn: int) -> asyncio.Event:
+    def begin(self, key: ConvKey, turn: int) -> CancelSignal:
         event = super().begin(key, turn)
         if self._early.pop(key, -1) in (None, turn):  # its Cancel came while it loaded
             event.set()
@@ -184,7 +185,7 @@ class ClusterLanes(Lanes[W], Generic[W]):
         self.closing = True
         for lane in self._lanes.values():
             if lane.cancel is not None:
-                lane.cancel.set()
+                lane.cancel.stop_for_shutdown()
         pending = [*self._deferring, *self._jobs]
         if pending:
             await asyncio.wait(pending, timeout=10)
