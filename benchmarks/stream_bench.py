@@ -14,8 +14,10 @@ own Tandem (hub, SQLite, the real adapter at its production defaults: min_edit_i
 * slack-stream: a DM thread with a chat stream (chat.startStream/appendStream/stopStream);
 * slack-update: the same thread where Slack refuses streams (a chat.postMessage
   placeholder, then chat.update);
-  both against FakeSlackServer(rate_limit=True) (its per-channel buckets: postMessage,
-  startStream and update 1/s with a burst of 3; appendStream 10/s).
+* slack-assistant: the DM thread with Slack's assistant surface on (`slack.assistant`):
+  the status shows as assistant.threads.setStatus, then the answer streams;
+  all three against FakeSlackServer(rate_limit=True) (its per-channel buckets:
+  postMessage, startStream and update 1/s with a burst of 3; appendStream 10/s).
 
 The paths run concurrently in this process (`--sequential`: one after another); the
 answer is the first in its chat (`--warm`: a short exchange comes first, so the answer is
@@ -30,8 +32,19 @@ between two calls to the chat and the most calls to it in any one second; how fa
 the model the screen is at each update (lag); and whether the chat ends up showing
 exactly the answer.
 
+And the one-tap ⏹ Cancel (`adapters.edge.turns`): when it first became reachable (the
+first accepted call that put a message with a Cancel button on screen: a placeholder
+with ⏹, or the "⏳ Working on it…" status message the edge posts beside a draft, a
+stream or a status line once the turn has run `cancel_delay`); the share of the
+streaming time (first answer text to final text) with a ⏹ on screen, and the longest
+time without one after it first showed; how long after the final text the last ⏹ left;
+the calls the offer cost (the status message's post and its delete, all outcomes) among
+the chat's; and what is stale at the end (a ⏹, a status message, a stream not stopped,
+an assistant status line or a draft still shown), which must be nothing.
+
     python benchmarks/stream_bench.py [--quick] [--tokens 2000] [--rate 50]
-                                      [--paths telegram-draft,slack-stream] [--sequential]
+                                      [--paths telegram-draft,slack-assistant]
+                                      [--sequential]
                                       [--warm] [--json [FILE]]
 """
 
@@ -45,6 +58,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import re
 import statistics
 import sys
@@ -59,6 +73,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from adapters.edge.turns import WORKING  # noqa: E402
 from adapters.slack import create as create_slack  # noqa: E402
 from adapters.telegram import create as create_telegram  # noqa: E402
 from benchmarks.running import running  # noqa: E402
@@ -69,7 +84,8 @@ from tests.fakes.slack_server import FakeSlackServer  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 JSON = dict[str, Any]
-PATHS = ("telegram-draft", "telegram-group", "slack-stream", "slack-update")
+PATHS = ("telegram-draft", "telegram-group", "slack-stream", "slack-update",
+         "slack-assistant")
 TG_USER, TG_GROUP = 4242, -1001234
 SLACK_USER, SLACK_DM = "U0BENCH1", "D0BENCH1"
 PROMPT = "Write me a long answer, please."
@@ -84,6 +100,8 @@ count in the chat's pace)."""
 WARMUP_S = 1.0
 DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 TOKEN = re.compile(r"(?<![0-9a-z])[0-9a-z]{3}(?![0-9a-z])")
+CANCEL_DATA = re.compile(r"cx(:\d+)?")
+"""A ⏹ Cancel button's data (`bot.core.buttons.pack(CancelButton(turn))`)."""
 
 
 def token_name(i: int) -> str:
@@ -149,6 +167,32 @@ class Rec:
     """A call that writes to the answer's chat (counts in its pace)."""
     text: str
     """The answer text it carries (what it shows or adds), or ""."""
+    effect: str = ""
+    """What it does to a message of the chat: "post", "edit", "delete", or ""."""
+    ref: str = ""
+    """That message (its id or ts; a post's, once accepted)."""
+    cancel: bool | None = None
+    """The message shows ⏹ Cancel after it (None: its buttons are left as they were)."""
+    working: bool = False
+    """A post of the edge's status message ("⏳ Working on it…", with ⏹)."""
+
+
+def has_cancel(markup: Any) -> bool:
+    """A reply markup or Block Kit blocks holding a ⏹ Cancel button (its data packed as
+    `CancelButton`'s)."""
+    if isinstance(markup, str):
+        try:
+            markup = json.loads(markup)
+        except ValueError:
+            return False
+    if isinstance(markup, dict):
+        data = markup.get("callback_data", markup.get("value"))
+        if isinstance(data, str) and CANCEL_DATA.fullmatch(data):
+            return True
+        return any(has_cancel(v) for v in markup.values() if isinstance(v, dict | list))
+    if isinstance(markup, list):
+        return any(has_cancel(v) for v in markup)
+    return False
 
 
 class Side:
@@ -157,6 +201,12 @@ class Side:
     name = ""
 
     async def push(self, text: str) -> None:
+        raise NotImplementedError
+
+    def stale(self) -> Counter[str]:
+        """What the chat still shows at the end that belongs to a running turn: messages
+        with ⏹ ("cancel"), status messages ("working"), streams not stopped ("stream"),
+        a status line ("status") or a draft ("draft")."""
         raise NotImplementedError
 
     def recs(self, start: int) -> list[Rec]:
@@ -191,12 +241,34 @@ class TelegramSide(Side):
         for c in self.fake.calls[start:]:
             to_chat = c.params.get("chat_id") == self.chat and c.method != TYPING
             text = str(c.params.get("text") or "") if to_chat else ""
-            recs.append(Rec(c.time, c.method, c.status == 200, c.status == 429, to_chat, text))
+            recs.append(Rec(c.time, c.method, c.status == 200, c.status == 429, to_chat, text,
+                            **(self._effect(c) if to_chat else {})))
         return recs
+
+    @staticmethod
+    def _effect(c: Any) -> JSON:
+        markup = c.params.get("reply_markup")
+        if c.method == "sendMessage":
+            result = c.result if isinstance(c.result, dict) else {}
+            return {"effect": "post", "ref": str(result.get("message_id") or ""),
+                    "cancel": has_cancel(markup),
+                    "working": WORKING in str(c.params.get("text") or "")}
+        if c.method in ("editMessageText", "editMessageReplyMarkup"):  # no markup: none
+            return {"effect": "edit", "ref": str(c.params.get("message_id") or ""),
+                    "cancel": has_cancel(markup)}
+        if c.method == "deleteMessage":
+            return {"effect": "delete", "ref": str(c.params.get("message_id") or "")}
+        return {}
 
     def bot(self) -> list[tuple[str, bool]]:
         return [(m.text, bool(m.reply_markup)) for m in self.fake.chat(self.chat)
                 if m.from_bot]
+
+    def stale(self) -> Counter[str]:
+        mine = [m for m in self.fake.chat(self.chat) if m.from_bot]
+        return Counter(cancel=sum(has_cancel(m.reply_markup) for m in mine),
+                       working=sum(WORKING in m.text for m in mine),
+                       draft=int(self.fake.draft_of(self.chat) is not None))
 
     def calls(self) -> int:
         return len(self.fake.calls)
@@ -216,8 +288,37 @@ def slack_text(method: str, params: JSON) -> str:
     return str(params.get("text") or "")
 
 
+class RecordingSlack(FakeSlackServer):
+    """FakeSlackServer keeping each Web API answer too (a post's ts), in step with
+    `calls` (each call is recorded right after its answer is made)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.answers: list[JSON] = []
+
+    def _dispatch(self, method: str, params: JSON,
+                  token: str | None) -> tuple[int, JSON, dict[str, str]]:
+        status, body, headers = super()._dispatch(method, params, token)
+        self.answers.append(body)
+        return status, body, headers
+
+
+def slack_effect(method: str, params: JSON, answer: JSON) -> JSON:
+    blocks = params.get("blocks")
+    if method in ("chat.postMessage", "chat.startStream"):
+        return {"effect": "post", "ref": str(answer.get("ts") or ""),
+                "cancel": has_cancel(blocks),
+                "working": method == "chat.postMessage" and WORKING in slack_text(method, params)}
+    if method in ("chat.update", "chat.stopStream"):  # no blocks: the buttons stay
+        return {"effect": "edit", "ref": str(params.get("ts") or ""),
+                "cancel": has_cancel(blocks) if "blocks" in params else None}
+    if method == "chat.delete":
+        return {"effect": "delete", "ref": str(params.get("ts") or "")}
+    return {}
+
+
 class SlackSide(Side):
-    def __init__(self, fake: FakeSlackServer) -> None:
+    def __init__(self, fake: RecordingSlack) -> None:
         self.fake = fake
         root = fake.message_event(SLACK_DM, SLACK_USER, "An earlier message", channel_type="im")
         self.thread = str(root["ts"])
@@ -229,16 +330,25 @@ class SlackSide(Side):
 
     def recs(self, start: int) -> list[Rec]:
         recs = []
-        for c in self.fake.calls[start:]:
-            writes = c.method.startswith(SLACK_WRITES) and c.params.get("channel") == SLACK_DM
+        for c, answer in zip(self.fake.calls[start:], self.fake.answers[start:], strict=True):
+            channel = c.params.get("channel", c.params.get("channel_id"))  # setStatus: _id
+            writes = c.method.startswith(SLACK_WRITES) and channel == SLACK_DM
             text = slack_text(c.method, c.params) if writes else ""
             recs.append(Rec(c.time, c.method, c.status == 200 and c.error is None,
-                            c.status == 429, writes, text))
+                            c.status == 429, writes, text,
+                            **(slack_effect(c.method, c.params, answer) if writes else {})))
         return recs
 
     def bot(self) -> list[tuple[str, bool]]:
         return [(m.visible_text, still_live(m))
                 for m in self.fake.bot_messages(SLACK_DM, self.thread)]
+
+    def stale(self) -> Counter[str]:
+        mine = self.fake.bot_messages(SLACK_DM, self.thread)
+        return Counter(cancel=sum(has_cancel(m.blocks) for m in mine),
+                       working=sum(WORKING in m.visible_text for m in mine),
+                       stream=sum(m.stream is not None and m.stream.streaming for m in mine),
+                       status=int(bool(self.fake.status_of(SLACK_DM, self.thread))))
 
     def calls(self) -> int:
         return len(self.fake.calls)
@@ -262,8 +372,10 @@ class Outcome:
     recs: list[Rec]
     visible: list[str]
     live_left: int
-    """Messages still showing a Cancel button, or streams not stopped, at the end."""
+    """The answer's messages still showing a button, or streams not stopped, at the end."""
     rate_limited: int
+    stale: Counter[str]
+    """What the chat still shows of a running turn at the end (`Side.stale`)."""
 
 
 def words(text: str) -> str:
@@ -310,20 +422,111 @@ def lag(recs: list[Rec], model: PacedModel, t0: float) -> JSON:
             if lags else nan}
 
 
+def offer_calls(recs: list[Rec]) -> list[Rec]:
+    """The Cancel offer's calls to the chat: its status message's posts (all outcomes)
+    and the deletes (all outcomes) of the ones that landed."""
+    posted = {r.ref for r in recs if r.working and r.ok and r.ref}
+    return [r for r in recs
+            if r.chat and (r.working or (r.effect == "delete" and r.ref in posted))]
+
+
+def cancel_moments(recs: list[Rec]) -> list[tuple[float, bool]]:
+    """Each time ⏹ came on screen or left it: (the accepted call's time, ⏹ shown after
+    it). A message posted before `recs` began is left out."""
+    showing: dict[str, bool] = {}
+    moments: list[tuple[float, bool]] = []
+    for r in sorted(recs, key=lambda r: r.time):
+        if not (r.ok and r.chat and r.ref):
+            continue
+        if r.effect == "post":
+            showing[r.ref] = bool(r.cancel)
+        elif r.effect == "edit" and r.cancel is not None and r.ref in showing:
+            showing[r.ref] = r.cancel
+        elif r.effect == "delete":
+            showing.pop(r.ref, None)
+        on = any(showing.values())
+        if (moments[-1][1] if moments else False) != on:
+            moments.append((r.time, on))
+    return moments
+
+
+def within(moments: list[tuple[float, bool]], a: float, b: float) -> tuple[float, float]:
+    """Within [a, b]: the seconds with ⏹ on screen, and the longest stretch without."""
+    on_s = gap = 0.0
+    starts = [(-math.inf, False), *moments]
+    ends = [t for t, _ in moments] + [math.inf]
+    for (start, on), end in zip(starts, ends, strict=True):
+        lo, hi = max(start, a), min(end, b)
+        if hi > lo:
+            on_s += (hi - lo) * on
+            gap = gap if on else max(gap, hi - lo)
+    return on_s, gap
+
+
+def cancel_figures(recs: list[Rec], t0: float, first_text: float, final: float) -> JSON:
+    """When ⏹ was reachable (times absolute; the figures from t0 or from `final`), and
+    what its offer cost."""
+    moments = cancel_moments(recs)
+    first = next((t for t, on in moments if on), math.nan)
+    on_s, _ = within(moments, first_text, final)
+    _, gap = within(moments, first, final) if first < final else (0.0, math.nan)
+    offer = offer_calls(recs)
+    return {
+        "cancel_from_s": first - t0,
+        "cancel_share": on_s / (final - first_text) if final > first_text else math.nan,
+        "cancel_gap_s": gap,
+        "cancel_gone_after_final_s": moments[-1][0] - final
+        if moments and not moments[-1][1] else math.nan,
+        "offer_calls": len(offer),
+        "offer_posts": sum(r.effect == "post" for r in offer),
+        "offer_deletes": sum(r.effect == "delete" for r in offer),
+        "offer_rate_limited": sum(r.limited for r in offer),
+        "offer_min_gap_s": offer_gap(recs, offer),
+        "draft_hidden_s": draft_hidden(recs),
+    }
+
+
+def draft_hidden(recs: list[Rec]) -> float:
+    """A message sent replaces a Telegram draft: the seconds from each status message
+    landing to the next draft (the answer so far hidden), summed; nan without drafts."""
+    chat = sorted((r for r in recs if r.chat and r.ok), key=lambda r: r.time)
+    if not any(r.method == "sendMessageDraft" for r in chat):
+        return math.nan
+    hidden = 0.0
+    for i, r in enumerate(chat):
+        if r.working:
+            later = next((d.time for d in chat[i + 1:] if d.method == "sendMessageDraft"
+                          or (d.effect == "post" and not d.working)), r.time)
+            hidden += later - r.time
+    return hidden
+
+
+def offer_gap(recs: list[Rec], offer: list[Rec]) -> float:
+    """The shortest gap between an offer's call and the chat's call next to it."""
+    chat = sorted((r for r in recs if r.chat), key=lambda r: r.time)
+    mine = {id(r) for r in offer}
+    return min((b.time - a.time for a, b in zip(chat, chat[1:], strict=False)
+                if id(a) in mine or id(b) in mine), default=math.nan)
+
+
 def analyse(out: Outcome, model: PacedModel) -> JSON:
     recs = out.recs
+    offer = {id(r) for r in offer_calls(recs)}
     shown = [r for r in recs if r.ok and r.chat]
     answered = [r for r in shown if r.text and model.newest(r.text) is not None]
     counted = Counter(r.method for r in recs if r.method not in SETUP and r.method != TYPING)
-    last = max((r.time for r in shown), default=float("nan"))
+    # the answer is final at the chat's last call, the Cancel offer's clean-up left out
+    last = max((r.time for r in shown if id(r) not in offer), default=float("nan"))
     nan = float("nan")
+    first_text = answered[0].time if answered else nan
+    stale = sum(out.stale.values())
     return {
         "tokens": len(model.tokens),
         "model_tokens_per_s": (len(model.times) - 1) / (model.times[-1] - model.times[0])
         if len(model.times) > 1 else nan,
         "model_start_s": model.times[0] - out.t0 if model.times else nan,
         "first_call_s": shown[0].time - out.t0 if shown else nan,
-        "first_text_s": answered[0].time - out.t0 if answered else nan,
+        "first_text_s": first_text - out.t0,
         "final_after_model_s": last - model.times[-1] if model.times else nan,
         "total_s": last - out.t0,
         "calls": dict(sorted(counted.items())),
@@ -332,9 +535,13 @@ def analyse(out: Outcome, model: PacedModel) -> JSON:
         "rate_limited": out.rate_limited,
         **pace(recs),
         **lag(recs, model, out.t0),
-        "complete": words("\n".join(out.visible)) == words(model.text) and not out.live_left,
+        "complete": words("\n".join(out.visible)) == words(model.text)
+        and not out.live_left and not stale,
         "messages": len(out.visible),
         "live_left": out.live_left,
+        **cancel_figures(recs, out.t0, first_text, last),
+        "stale": stale,
+        "stale_what": {k: n for k, n in out.stale.items() if n},
         "model_calls": model.calls,
     }
 
@@ -370,7 +577,7 @@ async def measure(side: Side, hub: Hub, model: PacedModel) -> JSON:
     await settle(hub, ended)  # any call still to come (a late draft, a clean-up) counts
     mine = side.bot()[before:]
     out = Outcome(t0, side.recs(start), [t for t, _ in mine], sum(live for _, live in mine),
-                  side.limited() - limited)
+                  side.limited() - limited, side.stale())
     return analyse(out, model)
 
 
@@ -397,7 +604,8 @@ async def run_telegram(path: str, model: PacedModel) -> JSON:
 
 
 async def run_slack(path: str, model: PacedModel) -> JSON:
-    fake = FakeSlackServer(rate_limit=True)
+    assistant = path == "slack-assistant"
+    fake = RecordingSlack(rate_limit=True, assistant=assistant)
     await fake.start()
     fake.refuse_streams = path == "slack-update"
     try:
@@ -405,7 +613,7 @@ async def run_slack(path: str, model: PacedModel) -> JSON:
             config = Config.model_validate({**base_config(tmp), "slack": {
                 "enabled": True, "mode": "socket", "bot_token": fake.bot_token,
                 "app_token": fake.app_token, "base_url": fake.api_url,
-                "allowed_users": ["*"]}})
+                "allowed_users": ["*"], "assistant": {"enabled": assistant}}})
             async with running(config, model, create_slack) as hub:
                 await fake.wait_connections(1, timeout=30)
                 return await measure(SlackSide(fake), hub, model)
@@ -434,28 +642,61 @@ def report(results: dict[str, JSON], tokens: int, rate: float, *, warm: bool) ->
     which = "a second answer (after a short one)" if warm else "the first answer"
     print(f"{which} in each chat: {tokens:,} tokens at {rate:g} tokens/s; strict fakes; "
           "adapters at production pace")
-    head = (f"{'path':<15}{'first text':>11}{'final':>9}{'chat calls':>11}{'429s':>6}"
+    head = (f"{'path':<16}{'first text':>11}{'final':>9}{'chat calls':>11}{'429s':>6}"
             f"{'min gap':>9}{'max/1s':>7}{'updates':>8}{'lag p50/max':>13}{'stall':>8}"
             f"{'ok':>4}")
     print(head)
     print("-" * len(head))
     for path, r in results.items():
-        print(f"{path:<15}{r['first_text_s']:>9.2f} s{r['final_after_model_s']:>+7.2f} s"
+        print(f"{path:<16}{r['first_text_s']:>9.2f} s{r['final_after_model_s']:>+7.2f} s"
               f"{r['chat_calls']:>11}{r['rate_limited']:>6}{r['min_gap_s']:>7.3f} s"
               f"{r['max_calls_in_1s']:>7}{r['updates']:>8}"
               f"{r['lag_p50_s']:>6.2f}/{r['lag_max_s']:5.2f} s{r['stall_s']:>6.2f} s"
               f"{'yes' if r['complete'] else 'NO':>4}")
     print("first text: from the user's message being pushed; final: the chat's last call "
-          "after the model's last token; chat calls: writes to the chat (all outcomes); "
-          "lag: how old the newest words on screen are at each update; stall: the longest "
-          "the chat went without new words; ok: the chat shows exactly the answer, nothing "
-          "live left")
+          "after the model's last token (the Cancel offer's own calls left out); chat "
+          "calls: writes to the chat (all outcomes); lag: how old the newest words on "
+          "screen are at each update; stall: the longest the chat went without new words; "
+          "ok: the chat shows exactly the answer, nothing live or stale left")
+    report_cancel(results)
     for path, r in results.items():
         calls = ", ".join(f"{m} {n}" for m, n in r["calls"].items())
         extra = "; ".join([f"typing {r['typing']}", f"closest {r['min_gap_between']}",
+                           f"offer's closest {seconds(r['offer_min_gap_s'], '.3f')}",
+                           *([f"draft hidden by the offer {seconds(r['draft_hidden_s'])}"]
+                             if not math.isnan(r["draft_hidden_s"]) else []),
+                           f"stale {r['stale_what'] or 'none'}",
                            f"model {r['model_tokens_per_s']:.1f} tok/s from "
                            f"+{r['model_start_s'] * 1000:.0f} ms"])
         print(f"  {path}: {calls}; {extra}")
+
+
+def seconds(value: float, spec: str = ".2f", sign: str = "") -> str:
+    return "–" if math.isnan(value) else f"{value:{sign}{spec}} s"
+
+
+def report_cancel(results: dict[str, JSON]) -> None:
+    print()
+    head = (f"{'⏹ Cancel':<16}{'from':>8}{'share':>8}{'no-⏹ gap':>10}{'gone':>9}"
+            f"{'offer calls':>13}{'offer 429s':>11}{'⏹ left':>8}{'stale':>7}")
+    print(head)
+    print("-" * len(head))
+    for path, r in results.items():
+        share = "–" if math.isnan(r["cancel_share"]) else f"{r['cancel_share']:.1%}"
+        gone = seconds(r["cancel_gone_after_final_s"], sign="+")
+        offer = f"{r['offer_calls']} of {r['chat_calls']}"
+        print(f"{path:<16}{seconds(r['cancel_from_s']):>8}{share:>8}"
+              f"{seconds(r['cancel_gap_s']):>10}{gone:>9}{offer:>13}"
+              f"{r['offer_rate_limited']:>11}{r['stale_what'].get('cancel', 0):>8}"
+              f"{r['stale'] - r['stale_what'].get('cancel', 0):>7}")
+    print("from: the first accepted call that put a message with ⏹ on screen (a placeholder "
+          "with ⏹, or the status message), from the user's message; share: of the time from "
+          "the first text to the final text, with a ⏹ on screen; no-⏹ gap: the longest "
+          "time without one between its first showing and the final text; gone: when the "
+          "last ⏹ left, after the final text; offer calls: the status message's post and "
+          "delete (all outcomes), of the chat calls; ⏹ left: messages still showing ⏹ "
+          "at the end; stale: status messages, open streams, status lines or drafts left "
+          "(both must be 0)")
 
 
 def main() -> int:
