@@ -11,6 +11,8 @@ TandemError
 ├── ToolError              a tool refused or failed (its text goes to the model, not the user)
 │   └── PathRefused        a path outside the workspace or a protected file
 └── StoreError             the database is unusable
+    ├── StoreUnusable      store.path cannot be the database (a config problem)
+    └── StoreConflict      another process wrote the same thing first (not unusable)
 
 Users only ever see the fixed texts in `USER_MESSAGES` (a `{cause}` in one is filled from
 the exception's fixed `cause`); details go to the logs.
@@ -82,6 +84,11 @@ class StoreUnusable(StoreError):
     problem, told in one line."""
 
 
+class StoreConflict(StoreError):
+    """A write lost to another process's (a unique key taken, a serialization failure, a
+    deadlock): the database works, and the same request may well succeed again."""
+
+
 USER_MESSAGES: dict[type[TandemError], str] = {
     ContextOverflowError: "The system prompt is larger than the model's context window; "
     "an admin needs to shorten the persona files or raise llm.context_window.",
@@ -92,6 +99,8 @@ USER_MESSAGES: dict[type[TandemError], str] = {
     ModelUnreachable: "The model call failed: {cause} ({where}). Please try again in a "
     "moment.",
     ModelError: "The model could not be reached. Please try again in a moment.",
+    StoreConflict: "Another Tandem process changed this conversation at the same moment, "
+    "so this was not done. Please send it again.",
     StoreError: "Tandem's database is unavailable. Please try again shortly.",
 }
 

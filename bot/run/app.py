@@ -23,11 +23,12 @@ from bot.ops.audit import Audit
 from bot.ops.budget import Budget
 from bot.serve.access import Access
 from bot.serve.cluster import Cluster, owner_id
-from bot.serve.cluster.lanes import ClusterLanes
+from bot.serve.cluster.lanes import ClusterLanes, HeldLanes
 from bot.serve.hub import Hub, Sink
 from bot.serve.scheduler import Scheduler
+from bot.serve.worker import LanesFactory
 from bot.store import Store
-from bot.store.backends import open_store
+from bot.store.backends import POSTGRES_SCHEMES, open_store
 from bot.tools import Registry, Tool, ToolContext, files, memory, send, shell, tasks, web
 from bot.tools.mcp import Servers
 from bot.turn.conversation import Conversation
@@ -128,7 +129,8 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
           tools: Iterable[Tool] | None = None,
           cluster: Cluster | None = None) -> tuple[Hub, Dispatch]:
     """The hub with its dependencies; the caller opens the store and adds sinks. With
-    `cluster`, the conversations' work is shared with the other workers."""
+    `cluster`, the conversations' work is shared with the other workers; without one, on
+    PostgreSQL (a terminal beside them), each conversation is held while it is handled."""
     redactor = redact.known(config.secrets())
     dispatch = Dispatch(redactor)
     store = store or open_store(config.store.target, pool_size=config.store.pool_size)
@@ -144,8 +146,11 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
                 mcp=Servers(config.mcp, registry), budget=Budget(config, store))
     deps.watch.add(Audit(store, redactor, config.audit.keep_days))
     receiver = Receiver(config, dispatch.ports, Senses(config.llm, config.media))
-    lanes = None if cluster is None else \
-        functools.partial(ClusterLanes, cluster=cluster, store=store)
+    lanes: LanesFactory | None = None
+    if cluster is not None:
+        lanes = functools.partial(ClusterLanes, cluster=cluster, store=store)
+    elif config.store.target.lower().startswith(POSTGRES_SCHEMES):
+        lanes = functools.partial(HeldLanes, url=config.store.target)
     hub = Hub(deps, Access.from_config(config), scheduler, receiver, lanes)
     scheduler.deliver = hub.deliver
     if config.metrics.listen:  # imported only then: prometheus_client costs ~60 ms

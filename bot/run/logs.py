@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from bot.core import redact
-from bot.core.errors import ModelError
+from bot.core.errors import ModelError, StoreConflict
 
 
 class Redactor(logging.Filter):
@@ -35,12 +35,12 @@ class Redactor(logging.Filter):
 
 class OneLine(logging.Filter):
     """A record about an expected failure (the model unreachable, cut off, rate limited:
-    `ModelError`) keeps one line: the exception's type and first line replace its
-    traceback, which `-v` (DEBUG) shows."""
+    `ModelError`; a write another process won: `StoreConflict`) keeps one line: the
+    exception's type and first line replace its traceback, which `-v` (DEBUG) shows."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, ModelError):
+        if not isinstance(exc, ModelError | StoreConflict):
             return True
         message = record.getMessage()
         lines = str(exc).strip().splitlines()

@@ -77,14 +77,16 @@ def cluster_url(config: Config) -> str | None:
 
 async def _serve(config: Config, chat: bool) -> int:
     url = cluster_url(config)
-    cluster = None if url is None or chat else Cluster(url)
+    names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
+    # a worker serves platforms; the terminal keeps its own lanes (it is no worker: the
+    # queue's jobs are not its to take), holding each conversation while it answers
+    cluster = None if url is None or not names else Cluster(url)
     hub, dispatch = build(config, cluster=cluster)
     await hub.d.store.open()
     platforms: list[Platform] = []
     try:
         await _serve_metrics(config, hub, chat)
         await _kill_orphans(hub.d.store, owner_id(cluster is not None))
-        names = [n for n in ("telegram", "slack") if getattr(config, n).enabled and not chat]
         platforms = [load_platform(n).create(config, hub, dispatch) for n in names]
         # litellm takes seconds to import: it loads in a thread from here on, while the
         # platforms connect and the core recovers (a turn that comes first waits for it,

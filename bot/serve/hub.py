@@ -56,10 +56,12 @@ class Hub:
         """After a start: repair unfinished turns once each, show and re-arm pending
         approvals, and process inbound that was recorded but never handled. With several
         workers there is nothing to do: work waits in the queue, and a dead worker's job
-        is taken by another, which repairs its conversation as it loads it."""
+        is taken by another, which repairs its conversation as it loads it. A terminal
+        on their database repairs a conversation only holding it (`HeldLanes`)."""
         if self.lanes.shared:
             return
-        await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put)
+        await recover(self.d.store, self.convs, self.approvals, self.d.emit, self.lanes.put,
+                      held=self.lanes.fresh)
 
     async def close(self) -> None:
         """Stop every lane (running turns end as cancelled) and all timers."""

@@ -10,9 +10,11 @@ turn to end (a scheduled run while a human decides) is parked and comes back the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -37,6 +39,9 @@ class _Lane(Generic[W]):
 class Lanes(Generic[W]):
     shared = False
     """True for lanes that span several workers (`bot.serve.cluster.lanes`)."""
+    fresh = False
+    """True where other processes change these conversations too: each item reads its
+    conversation from the store, not from memory."""
 
     def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]]) -> None:
         self._handle = handle
@@ -80,6 +85,12 @@ class Lanes(Generic[W]):
             lane.task = None
             if not lane.inbox and not lane.parked:
                 self._lanes.pop(key, None)
+
+    def hold(self, key: ConvKey,
+             waiting: Callable[[], Awaitable[None]]) -> AbstractAsyncContextManager[object]:
+        """Keep other processes off `key` while one item of it is handled (`waiting` is
+        called first if that means waiting for one). In one process the lane is enough."""
+        return contextlib.nullcontext()
 
     # -- the running turn -------------------------------------------------------------
 

@@ -43,14 +43,20 @@ class Resume:
 
 async def recover(store: Store, convs: Conversations, approvals: Approvals,
                   emit: Callable[[Event], Awaitable[None]],
-                  put: Callable[[ConvKey, Inbound | Resume], None]) -> None:
+                  put: Callable[[ConvKey, Inbound | Resume], None], *,
+                  held: bool = False) -> None:
     """Repair each unfinished turn once; show pending cards again (a terminal has no card
     that stays on screen) and re-arm their timers; replay inbound never handled. One
     that this process took already too is queued twice, and starts one turn: the store
-    begins a turn only for inbound still open."""
+    begins a turn only for inbound still open. With `held` lanes (another process may be
+    running that turn now) a conversation is loaded, and repaired, only on its lane,
+    holding it: its running turn is unfinished only once its process let go."""
     for open_turn in await store.open_turns():
         row = await store.conversation_by_id(open_turn.conv_id)
         if row is None or row.session != open_turn.session:
+            continue
+        if held:
+            put(row.key, Resume(row.key))
             continue
         conv = await convs.get(row.key)
         if conv.turn is not None and not conv.turn.waiting:

@@ -9,6 +9,7 @@ carries out every change of state.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from bot.core.events import (
     Event,
     Inbound,
     Notice,
+    Queued,
     Trigger,
     TurnEnded,
     TurnStarted,
@@ -80,14 +82,17 @@ class Worker:
     # -- on the lane ------------------------------------------------------------------
 
     async def _handle(self, key: ConvKey, batch: list[Work]) -> None:
-        if self.lanes.shared:  # another worker may have changed it: read it fresh
-            self.convs.drop(key)
         try:
-            conv = await self.convs.get(key)
-            if self.lanes.shared:
-                batch = await self._unsettled(conv, batch)
-            if batch:
-                await self._dispatch(conv, batch)
+            async with self.lanes.hold(key, functools.partial(self._waits, key, batch)):
+                if self.lanes.fresh:  # another process may have changed it: read it fresh
+                    self.convs.drop(key)
+                conv = await self.convs.get(key)
+                if self.lanes.shared:
+                    batch = await self._unsettled(conv, batch)
+                elif self.lanes.fresh and conv.turn is not None and not conv.turn.waiting:
+                    await self._drive(conv, resumed=True)  # its process died before it went on
+                if batch:
+                    await self._dispatch(conv, batch)
         except Exception as exc:
             log.error("failed to handle %s in %s", type(batch[0]).__name__, key, exc_info=True)
             self.convs.drop(key)  # reload (and repair) from the store next time
@@ -99,6 +104,13 @@ class Worker:
             cached = self.convs.cached(key)
             if cached is None or cached.turn is None:
                 self.lanes.unpark(key)
+
+    async def _waits(self, key: ConvKey, batch: list[Work]) -> None:
+        """Another process holds the conversation (a second terminal answers in it): its
+        messages are told they are answered after that."""
+        for item in batch:
+            if isinstance(item, UserMessage):
+                await self._safe_emit(Queued(key, item.ref))  # a note: never the message's end
 
     async def _unsettled(self, conv: Conversation, batch: list[Work]) -> list[Work]:
         """With several workers: a turn that a dead worker left ready to go on (its human
@@ -230,6 +242,8 @@ class Worker:
 
     async def _backend(self) -> str:
         target = self.d.config.store.target
+        if self.lanes.fresh and not self.lanes.shared:
+            return "PostgreSQL, this process (a conversation is held while it is answered)"
         if not self.lanes.shared:
             return f"SQLite, one process ({target.removeprefix('sqlite://')})"
         try:

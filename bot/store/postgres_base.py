@@ -12,7 +12,9 @@ nothing to do, so they hold across processes as well as within one.
 
 `open()` migrates over a connection of its own (one transaction holding an advisory
 lock, so workers starting together migrate once), then opens the pool. Every psycopg
-error becomes `StoreError`; its message never holds the password of the URL.
+error becomes `StoreError` (`StoreConflict` when another process wrote first: a unique
+key, a serialization failure, a deadlock); its message never holds the password of the
+URL.
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from bot.core.errors import StoreError
+from bot.core.errors import StoreConflict, StoreError
 from bot.core.events import ConvKey
 from bot.store.postgres_schema import LOCK_KEY, MIGRATIONS, TABLES, VERSION_TABLE
 
 Conn = AsyncConnection[TupleRow]
 Row = tuple[Any, ...]
+
+CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure,
+             psycopg.errors.DeadlockDetected)
+"""Errors of a write that lost to another process's: `StoreConflict`, not "unavailable"."""
 
 OPEN_TIMEOUT_S = 10.0
 """How long `open()` waits for the pool's first connection."""
@@ -60,11 +66,14 @@ def _passwords(url: str) -> set[str]:
 
 
 def fail(context: str, exc: BaseException, url: str) -> NoReturn:
-    """Raise StoreError for `exc`, with no password of `url` in its message (and without
-    `exc` as its cause, should the driver's own text have held one)."""
+    """Raise StoreError for `exc` (StoreConflict for a write another process won), with no
+    password of `url` in its message (and without `exc` as its cause, should the driver's
+    own text have held one)."""
     text = str(exc)
     for password in sorted(_passwords(url), key=len, reverse=True):
         text = text.replace(password, "***")
+    if isinstance(exc, CONFLICTS):
+        raise StoreConflict(f"write conflict: {text}") from (exc if text == str(exc) else None)
     raise StoreError(f"{context}: {text}") from (exc if text == str(exc) else None)
 
 

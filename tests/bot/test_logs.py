@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.core.errors import ModelStreamCut
+from bot.core.errors import ModelStreamCut, StoreConflict
 from bot.run import logs
 
 SECRET = "sk-live-9f8e7d6c5b4a39281706"
@@ -71,6 +71,24 @@ def test_json_keeps_an_expected_failure_on_one_line(root: logging.Logger,
     assert "exception" not in entry
     assert entry["message"].startswith("a turn failed (ModelStreamCut: the model server")
     assert SECRET not in entry["message"]
+
+
+def test_a_write_conflict_is_one_line_and_its_traceback_only_with_v(
+        root: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
+    for level in (logging.INFO, logging.DEBUG):  # DEBUG: `tandem -v`
+        logs.setup(level, [SECRET])
+        try:
+            raise StoreConflict('write conflict: duplicate key value violates unique '
+                                'constraint "turns_pkey"\nDETAIL:  Key (conv_id)=(1)')
+        except StoreConflict:
+            logging.getLogger("test_logs").error("failed to handle it", exc_info=True)
+        written = lines(capsys)
+        if level == logging.INFO:
+            assert written == [written[0]] and written[0].endswith(
+                'failed to handle it (StoreConflict: write conflict: duplicate key value '
+                'violates unique constraint "turns_pkey")')
+        else:
+            assert "Traceback" in "\n".join(written) and "DETAIL" in "\n".join(written)
 
 
 def test_text_stays_the_default(root: logging.Logger,

@@ -23,12 +23,13 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from bot.core.errors import StoreError
+from bot.core.errors import StoreConflict, StoreError, user_message
 from bot.core.events import ConvKey
 from bot.core.history import CallState, Media, Msg, Outcome, ToolCall, tool_result
 from bot.store import ApprovalRow, AuditRow, ConvRow, JobRow, Spent, Store, TurnRow, new_id
 from bot.store.backends import open_store
 from bot.store.postgres import PostgresStore, migrate
+from bot.store.postgres_base import fail
 from bot.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from bot.store.postgres_schema import VERSION_TABLE
 from bot.store.sqlite import SQLiteStore
@@ -1189,6 +1190,26 @@ async def test_postgresql_one_inbound_begins_one_turn_from_two_workers(
     assert await a.unprocessed_inbound() == []
     last = await b.last_turn(conv.id, 1)
     assert last is not None and (last.turn, last.status) == (1, "running")
+
+
+async def test_postgresql_a_write_another_process_won_is_a_conflict_not_unavailable(
+        two_stores: tuple[Store, Store]) -> None:
+    a, b = two_stores
+    conv = await a.conversation(KEY)
+    await a.begin_turn(conv.id, conv.session, [Msg("user", "from a", 1)], "u1", False, [])
+    with pytest.raises(StoreConflict) as caught:  # b did not know a began turn 1
+        await b.begin_turn(conv.id, conv.session, [Msg("user", "from b", 1)], "u1", False, [])
+    assert "turns_pkey" in str(caught.value)
+    told = user_message(caught.value)
+    assert "unavailable" not in told and "Another Tandem process" in told
+    assert told != user_message(StoreError("database error: connection refused"))
+    for exc in (psycopg.errors.SerializationFailure("could not serialize access"),
+                psycopg.errors.DeadlockDetected("deadlock detected")):
+        with pytest.raises(StoreConflict):
+            fail("database error", exc, "postgresql://db/t")
+    with pytest.raises(StoreError) as other:  # the database itself failing is not one
+        fail("database error", psycopg.OperationalError("server closed"), "postgresql://db/t")
+    assert not isinstance(other.value, StoreConflict)
 
 
 # -- the audit log and the spending ledger -------------------------------------------

@@ -10,6 +10,10 @@ pressed anywhere stops the turn on the worker that runs it. One worker is the le
 (a PostgreSQL advisory lock, taken over when its holder dies): it computes the schedule
 and sweeps stalled jobs.
 
+A process outside the queue on the same database (`tandem chat`) keeps its own lanes and
+`hold`s a conversation, with an advisory lock of its own, while it handles an item of
+it: two terminals in one conversation take turns, and one that dies lets go.
+
 Part of `bot.serve`: it may import the rest of `bot.serve` and the layers below it.
 """
 
@@ -22,7 +26,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +43,9 @@ QUEUE = "tandem"
 CHANNEL = "tandem_cluster"
 LEADER_LOCK = 0x7A4D_0001
 """The advisory lock the leader holds for its life."""
+CONV_LOCKS = 0x7A4D
+"""The advisory locks `hold` takes: the key pair (this, a hash of the conversation), a
+key space apart from the leader's single key."""
 HEARTBEAT_S = 1.0
 LOST_SWEEP_S = 5.0
 STALLED_S = 4.0
@@ -243,6 +250,37 @@ class Cluster:
                                 job.id)
             except Exception:
                 log.warning("cluster: could not retry job %s", job.id, exc_info=True)
+
+
+@contextlib.asynccontextmanager
+async def hold(url: str, key: ConvKey, waiting: Callable[[], Awaitable[None]]
+               ) -> AsyncIterator[None]:
+    """Hold the conversation `key` against every other process that holds it this way,
+    until leaving: a session advisory lock on a connection of its own, so that the
+    process's death lets go too. While another holds it, `waiting` is called, then this
+    waits its turn (PostgreSQL grants a lock's waiters in the order they came)."""
+    import psycopg
+
+    from bot.store.postgres_base import fail, redact
+
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    except psycopg.Error as exc:
+        fail(f"cannot open the database {redact(url)}", exc, url)
+    try:
+        args = (CONV_LOCKS, str(key))
+        try:
+            row = await (await conn.execute(
+                "SELECT pg_try_advisory_lock(%s::int4, hashtext(%s))", args)).fetchone()
+            if not (row and row[0]):
+                await waiting()
+                await conn.execute("SELECT pg_advisory_lock(%s::int4, hashtext(%s))", args)
+        except psycopg.Error as exc:
+            fail("database error", exc, url)
+        yield
+    finally:  # closing lets go of the lock, also when letting go by statement would fail
+        with contextlib.suppress(Exception):
+            await conn.close()
 
 
 async def _autocommit(conn: Any) -> None:

@@ -4,6 +4,9 @@ conversation's jobs in order, one at a time, on whichever worker takes them); th
 that runs here is announced to the others, so a Cancel received by any worker reaches
 it. Work that must wait (a scheduled run while a human decides) comes back a little
 later as a job of its own rather than waiting in this worker's memory.
+
+`HeldLanes` are for a process beside the workers that is not one of them (`tandem
+chat`): its own lanes, each item handled holding its conversation (`cluster.hold`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
 from bot.core.events import ConvKey, Decision, Trigger, UserMessage
-from bot.serve.cluster import Cluster, conv_of
+from bot.serve.cluster import Cluster, conv_of, hold
 from bot.serve.intake import replay
 from bot.serve.lanes import Lanes
 from bot.store import Store
@@ -32,6 +36,7 @@ EARLY_CANCEL_S = 5.0
 
 class ClusterLanes(Lanes[W], Generic[W]):
     shared = True
+    fresh = True
 
     def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]],
                  cluster: Cluster, store: Store) -> None:
@@ -189,3 +194,22 @@ class ClusterLanes(Lanes[W], Generic[W]):
         pending = [*self._deferring, *self._jobs]
         if pending:
             await asyncio.wait(pending, timeout=10)
+
+
+class HeldLanes(Lanes[W], Generic[W]):
+    """Lanes of one process on a database other processes use too, without being one of
+    the workers (a terminal: its work is its own, not the queue's). Each item is handled
+    holding its conversation's advisory lock, and reads the conversation fresh: two
+    terminals in one conversation answer one message at a time, each in the light of
+    the other's, rather than both beginning the same turn."""
+
+    fresh = True
+
+    def __init__(self, handle: Callable[[ConvKey, list[W]], Awaitable[None]],
+                 url: str) -> None:
+        super().__init__(handle)
+        self.url = url
+
+    def hold(self, key: ConvKey,
+             waiting: Callable[[], Awaitable[None]]) -> AbstractAsyncContextManager[object]:
+        return hold(self.url, key, waiting)
