@@ -19,7 +19,7 @@ from tests.adapters.test_slack import Rig as SlackRig
 from tests.adapters.test_slack import buttons
 from tests.adapters.test_telegram import ANN, ECHO, GROUP, rig
 from tests.fakes.model_server import FakeModelServer, Reply
-from tests.fakes.slack_server import FakeSlackServer
+from tests.fakes.slack_server import BOT_USER_ID, FakeSlackServer
 from tests.fakes.telegram_server import FakeTelegram
 from tests.suites.harness import FaultyTelegram, tg_rig
 
@@ -180,3 +180,23 @@ async def test_telegram_a_drafted_answer_outlasts_network_trouble_like_a_placeho
             await r.hub.idle()
             assert [m.text for m in r.bot(ANN)] == [answer]
         assert faulty.injected == [("sendMessage", 502)] * 6
+
+
+# ---- Slack: Tandem's own messages in a thread ------------------------------------------
+
+
+async def test_slack_a_thread_where_tandem_has_posted_is_one_it_takes_part_in(
+        slack: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
+    """A reply without a mention in a thread that holds a message of Tandem's own (posted
+    before the store knew the thread) is for Tandem; its own message is not "earlier
+    messages of this thread" from someone else."""
+    model.script(Reply(text="Still on it."))
+    async with SlackRig(slack, model, tmp_path, "socket") as r:
+        root = slack.message_event("C2", "U3", "deploy is stuck", channel_type="channel")
+        slack.message_event("C2", BOT_USER_ID, "I restarted the deploy.",
+                            channel_type="channel", thread_ts=root["ts"])
+        await r.say("C2", "U1", "any news?", channel_type="channel", thread_ts=root["ts"])
+        await r.wait_text("C2", "Still on it.", thread=root["ts"])
+        await r.settle()
+    asked = [call.params.get("user") for call in slack.calls_to("users.info")]
+    assert BOT_USER_ID not in asked
