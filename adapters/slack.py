@@ -79,7 +79,8 @@ class SlackAdapter(EdgeTimings):
                               min_edit_interval=min_edit_interval)
         self.edge: Edge[str | None] = Edge(self.chat, hub, placeholder_delay=placeholder_delay,
                                            cancel_delay=cancel_delay)
-        self.threads = Threads(hub, lambda: self.client, self.chat.call)
+        self.threads = Threads(hub, lambda: self.client, self.chat.call,
+                               lambda: (self.bot_user, self.bot_id))
         self._socket: AsyncSocketModeHandler | None = None
         self._runner: web.AppRunner | None = None
         self._closed = False

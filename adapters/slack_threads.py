@@ -49,9 +49,10 @@ def _ts_order(ts: str) -> tuple[int, ...]:
 
 class Threads:
     def __init__(self, hub: Hub, client: Callable[[], AsyncWebClient],
-                 call: Callable[..., Awaitable[Any]]) -> None:
+                 call: Callable[..., Awaitable[Any]], me: Callable[[], tuple[str, str]]) -> None:
         self.hub, self._client, self.call = hub, client, call
-        self.bot_user = self.bot_id = ""
+        self.me = me
+        """Tandem's own (user id, bot id) in Slack, known once started."""
         self.known: OrderedDict[tuple[str, str], bool] = OrderedDict()
         """Threads found active (True) or not (False)."""
         self.read: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
@@ -105,7 +106,7 @@ class Threads:
         earlier = [m for m in messages
                    if _ts_order(str(m.get("ts", ""))) < _ts_order(ts) and not self._mine(m)]
         lines = [f"{await self.name(str(m.get('user', '')))}: "
-                 f"{m.get('seen') or slack_text(str(m.get('text') or ''), self.bot_user)}"
+                 f"{m.get('seen') or slack_text(str(m.get('text') or ''), self.me()[0])}"
                  for m in earlier[-CONTEXT_MESSAGES:]]
         if len(earlier) > CONTEXT_MESSAGES:
             lines.insert(0, f"({len(earlier) - CONTEXT_MESSAGES} older messages not shown)")
@@ -133,8 +134,8 @@ class Threads:
         return result
 
     def _mine(self, message: dict[str, Any]) -> bool:
-        return message.get("user") == self.bot_user or \
-            bool(self.bot_id) and message.get("bot_id") == self.bot_id
+        user, bot = self.me()
+        return message.get("user") == user or bool(bot) and message.get("bot_id") == bot
 
     async def who(self, uid: str, team: str | None) -> User:
         """The core's user: Slack's id and team; the name is looked up (`users.info`) only

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import assert_never
 
 from bot import turn as t
 from bot.core import watch as w
-from bot.core.config import Config, McpConfig
 from bot.core.errors import ModelError, TurnTooLong, user_message
 from bot.core.events import (
     ApprovalRequested,
@@ -30,43 +28,20 @@ from bot.core.events import (
     User,
 )
 from bot.core.history import CallState, Msg, Outcome, Said, tool_result
-from bot.core.redact import Redactor
-from bot.core.watch import Watch
-from bot.llm import Completion, ContextExceeded, ModelClient
-from bot.store import ApprovalRow, ConvRow, Store
-from bot.tools import Registry, ToolContext, outcome_of, parse_arguments
-from bot.tools.mcp import Servers
+from bot.llm import Completion, ContextExceeded
+from bot.store import ApprovalRow, ConvRow
+from bot.tools import outcome_of, parse_arguments
 from bot.turn import compaction, policy, streaming, taint
-from bot.turn.budget import Budget
 from bot.turn.cancel import CancelSignal
 from bot.turn.conversation import Conversation
-from bot.turn.prompt import Prompt, Request
+from bot.turn.deps import Deps as Deps  # `bot.turn.runner.Deps` as before
+from bot.turn.prompt import Request
 from bot.turn.streaming import Scratch
 
 log = logging.getLogger(__name__)
 RAN = frozenset({Outcome.OK, Outcome.ERROR})
 """Outcomes whose result may hold what the tool returned (the others are Tandem's words)."""
 PROGRESS_TICK_S = 5.0
-Emit = Callable[[Event], Awaitable[None]]
-
-
-@dataclass(slots=True)
-class Deps:
-    config: Config
-    store: Store
-    model: ModelClient
-    tools: Registry
-    prompt: Prompt
-    emit: Emit
-    tool_context: Callable[[Conversation], ToolContext]
-    redact: Redactor = field(default_factory=Redactor)
-    """Scrubs every tool result, model answer and error text before it is kept or sent."""
-    mcp: Servers = field(default_factory=lambda: Servers(McpConfig(), Registry()))
-    """MCP servers whose tools are in `tools` (started by whoever starts Tandem)."""
-    watch: Watch = field(default_factory=Watch)
-    """Told what happened: the audit log and the metrics (`bot.core.watch`)."""
-    budget: Budget | None = None
-    """Daily budgets (`bot.ops.budget`, injected by `bot.run.app`); None: no budgets."""
 
 
 class Runner:
@@ -208,6 +183,8 @@ class Runner:
         while True:
             state = conv.turn
             assert state is not None
+            if cancel.shutdown:  # Tandem stops: the turn is repaired at the next start
+                return None
             if cancel.is_set() and not state.cancelled:
                 state = conv.turn = replace(state, cancelled=True)
             action = t.next_action(state)
@@ -234,12 +211,12 @@ class Runner:
     async def resumed(self, conv: Conversation) -> None:
         """A suspended turn goes on: a crash from here on finds it running."""
         assert conv.turn is not None
-        await self.d.store.end_turn(conv.row.id, conv.row.session, conv.turn.turn, "running",
-                                    None)
+        await self.d.store.end_turn(conv.row.id, conv.row.session, conv.turn.turn,
+                                    "running", None)
 
     # -- Reason: one model call -------------------------------------------------------
 
-    async def _reason(self, conv: Conversation, state: t.TurnState, cancel: asyncio.Event,
+    async def _reason(self, conv: Conversation, state: t.TurnState, cancel: CancelSignal,
                       scratch: Scratch) -> None:
         await self._progress(conv, state, Phase.THINKING, scratch)
         reached = None if self.budget is None else \
@@ -256,13 +233,13 @@ class Runner:
             conv.turn = replace(state, error=self.d.redact(user_message(exc)))
             return
         if completion is None:  # cancelled mid-stream: keep only plain text
-            conv.turn = replace(state, cancelled=True)
+            conv.turn = replace(state, cancelled=not cancel.shutdown)
             if scratch.text:
                 scratch.partial = Msg("assistant", self.d.redact(scratch.text), state.turn)
             return
         await self._record_step(conv, state, completion, scratch)
 
-    async def _complete_fitting(self, conv: Conversation, cancel: asyncio.Event,
+    async def _complete_fitting(self, conv: Conversation, cancel: CancelSignal,
                                 scratch: Scratch) -> Completion | None:
         """Check the fit before sending; the provider's "too long" is the last resort."""
         window = await self.window()
@@ -306,7 +283,7 @@ class Runner:
         scratch.answer = completion.text or scratch.answer
         scratch.text = ""
 
-    async def _complete(self, conv: Conversation, request: Request, cancel: asyncio.Event,
+    async def _complete(self, conv: Conversation, request: Request, cancel: CancelSignal,
                         scratch: Scratch) -> Completion | None:
         state = conv.turn
         assert state is not None
@@ -331,7 +308,7 @@ class Runner:
     # -- Run: one allowed call --------------------------------------------------------
 
     async def _run(self, conv: Conversation, state: t.TurnState, record: t.CallRecord,
-                   cancel: asyncio.Event, scratch: Scratch) -> None:
+                   cancel: CancelSignal, scratch: Scratch) -> None:
         call = record.call
         tool = self.d.tools.get(call.name)
         if tool is None:  # gone while the call waited (an MCP server's tools changed)
@@ -361,9 +338,10 @@ class Runner:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            step = t.finish(replace(conv.turn, cancelled=True), self.limits, call.id,
-                            Outcome.INTERRUPTED,
-                            "interrupted: the user cancelled while this was running")
+            who = "Tandem was stopping" if cancel.shutdown else "the user cancelled"
+            step = t.finish(replace(conv.turn, cancelled=not cancel.shutdown), self.limits,
+                            call.id, Outcome.INTERRUPTED, f"interrupted: {who} while this "
+                            "was running")
         else:
             outcome, text = outcome_of(task, call.name, self.d.config.limits.tool_output_chars,
                                        self.d.redact)

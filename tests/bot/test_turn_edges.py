@@ -16,7 +16,9 @@ from bot.core.events import (
     Decision,
     Event,
     Notice,
+    Progress,
     Suspended,
+    TurnEnded,
     Verdict,
 )
 from bot.serve.intake import Receipt
@@ -109,3 +111,24 @@ async def test_a_cancel_pressed_while_the_turn_suspends_ends_it(
     assert late.accepted or late.note  # answered, and it changes nothing
     assert not marker.exists()
     assert len(model.requests) == 1
+
+
+async def test_a_shutdown_is_not_the_users_cancel(model: FakeModelServer,
+                                                  config_factory: Any) -> None:
+    """Tandem stops while a turn streams: the chat is not told "⏹ Cancelled.", the model is
+    never told the user cancelled, and the next start repairs the turn like a crash."""
+    model.script(Reply(text="A long answer " * 40, chunk_delay=0.05), Reply(text="Again."))
+    config = config_factory()
+    async with Core(config) as core:
+        await core.say("tell me everything")
+        await core.sink.wait(lambda: any(p.text for p in core.sink.of(Progress)))
+    assert core.sink.of(TurnEnded) == []
+    async with Core(config) as again:
+        told = await again.sink.wait(lambda: again.sink.of(Notice) or again.sink.of(TurnEnded))
+        await again.say("and now?")
+        ended = await again.sink.ended(len(again.sink.of(TurnEnded)) + 1)
+    said = " ".join(str(n.text) for n in told)
+    assert "interrupted" in said and "Cancelled" not in said
+    assert ended[-1].text == "Again."
+    sent = json.dumps(model.requests[-1]["messages"])
+    assert "the user cancelled" not in sent and "Cancelled" not in sent
