@@ -907,6 +907,10 @@ class FakeModelServer:
         self.transcriptions: list[TranscriptionRequest] = []
         self.transcripts: deque[Transcript] = deque()
         self.violations: list[str] = []
+        self.chunks_sent = 0
+        """Streamed events written so far, all streams together."""
+        self.streams_ended = 0
+        """Streams over: written to the end, cut by a "drop" fault, or left by the client."""
         self._queue: deque[Reply] = deque()
         self._call_ids = itertools.count(1)
         self._completion_ids = itertools.count(1)
@@ -963,6 +967,21 @@ class FakeModelServer:
         """Wait until at least ``n`` requests have been received (TimeoutError otherwise)."""
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(self.requests) >= n)
+
+    async def wait_streamed(self, chunks: int, timeout: float = 5.0) -> None:
+        """Wait until ``chunks_sent`` reaches ``chunks`` (a paced stream is under way)."""
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: self.chunks_sent >= chunks)
+
+    async def wait_streams_ended(self, n: int, timeout: float = 5.0) -> None:
+        """Wait until ``n`` streams are over (a client that went away is seen at the next
+        write of a paced stream)."""
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: self.streams_ended >= n)
+
+    async def _changed(self) -> None:
+        async with self._arrived:
+            self._arrived.notify_all()
 
     def last_messages(self) -> list[dict[str, Any]]:
         if not self.requests:
@@ -1299,10 +1318,13 @@ class FakeModelServer:
                     if n:
                         await asyncio.sleep(reply.chunk_delay)
                     await response.write(event)
+                    self.chunks_sent += 1
+                    await self._changed()
             else:
                 # One write: the client still sees separate SSE events, and the server stays
                 # fast enough for benchmarks.
                 await response.write(b"".join(events))
+                self.chunks_sent += len(events)
             if dropping:
                 if request.transport is not None:
                     request.transport.close()  # flush what was sent, then cut the connection
@@ -1310,4 +1332,7 @@ class FakeModelServer:
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away mid-stream
+        finally:
+            self.streams_ended += 1
+            await self._changed()
         return response

@@ -1623,6 +1623,12 @@ class FakeTelegram:
         return dict(self._webhook) if self._webhook is not None else None
 
     @property
+    def delivering(self) -> bool:
+        """The webhook's deliverer runs (from ``setWebhook`` until ``deleteWebhook`` or
+        ``close`` stopped it): no update is posted anywhere while this is false."""
+        return self._webhook_task is not None and not self._webhook_task.done()
+
+    @property
     def webhook_targets(self) -> list[str] | None:
         """Where deliveries go in turn (a load balancer); None: the webhook's URL."""
         return self._webhook_targets
