@@ -7,7 +7,6 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import asyncio
 import copy
 import html
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from bot.serve.hub import Hub
 from tests.conftest import make_config, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.telegram_server import FakeMessage, FakeTelegram
+from tests.suites.harness import tg_settled
 
 ANN, BOB, CAROL, STRANGER = 42, 43, 44, 77
 GROUP, FORUM = -100555, -100666
@@ -72,9 +72,7 @@ class Rig:
 
     async def settle(self) -> None:
         """Every queued update fetched and handled, and every conversation idle."""
-        await self.until(lambda: not self.fake.pending_updates)
-        await asyncio.sleep(0.3)
-        await self.hub.idle()
+        await tg_settled(self.fake, self.adapter, self.hub)
 
 
 @pytest.fixture

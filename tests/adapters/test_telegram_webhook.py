@@ -8,7 +8,6 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -150,8 +149,7 @@ async def test_bad_requests_are_refused_and_nothing_is_handled(
                 assert response.status == 405
             async with session.post(url + "x", headers={SECRET_HEADER: SECRET}) as response:
                 assert response.status == 404
-        await asyncio.sleep(0.3)
-        await rig.hub.idle()
+        await rig.settle()  # each post was answered after its update was handled
     assert model.requests == [] and fake.chat(ANN) == [] and fake.calls_to("sendMessage") == []
 
 
@@ -236,8 +234,8 @@ async def test_polling_mode_without_polling_sends_only(
     async with tg_rig(tmp_path, model, fake, adapter_args={"poll": False}) as rig:
         assert rig.adapter.app.updater is not None and not rig.adapter.app.updater.running
         await rig.adapter.emit(Notice(ConvKey("telegram", str(ANN)), "a reminder"))
-        await asyncio.sleep(0.3)
-        assert answers(fake, ANN) == ["a reminder"]
+        assert answers(fake, ANN) == ["a reminder"]  # sent before emit returned
+        assert not rig.adapter.app.updater.running  # nothing could have polled
     assert not fake.calls_to("getUpdates") and not fake.calls_to("deleteWebhook")
     assert len(fake.pending_updates) == 1 and model.requests == []
     assert fake.calls_to("getMe") and fake.calls_to("setMyCommands")
@@ -248,7 +246,8 @@ async def test_sending_only_adapter_polls_once_elected(
     model.script(Reply(text="Now I poll."))
     async with tg_rig(tmp_path, model, fake, adapter_args={"poll": False}) as rig:
         fake.push_message(ANN, ANN, "hi")
-        await asyncio.sleep(0.2)
+        # started without its poller (which polls at once when it starts): none has run
+        assert rig.adapter.app.updater is not None and not rig.adapter.app.updater.running
         assert not fake.calls_to("getUpdates")
         await rig.adapter.start_polling()
         await rig.adapter.start_polling()  # already polling: nothing more

@@ -221,9 +221,20 @@ class TgRig:
 
     async def settle(self) -> None:
         """Every queued update fetched and handled, and every conversation idle."""
-        await self.until(lambda: not self.fake.pending_updates)
-        await asyncio.sleep(0.3)
-        await self.hub.idle()
+        await tg_settled(self.fake, self.adapter, self.hub)
+
+
+async def tg_settled(fake: FakeTelegram, adapter: TelegramAdapter, hub: Hub,
+                     timeout: float = 10.0) -> None:
+    """Until every update queued at the fake was handed out and handled, and every
+    conversation is idle: the fake holds an update until a later `getUpdates` confirms
+    it, which python-telegram-bot sends once it has put the update in its queue; the
+    queue is joined when every handler returned (webhook mode handles an update before
+    answering its delivery, so there the fake's queue empties after the handler)."""
+    await fake.wait_for(lambda: not fake.pending_updates, timeout)
+    async with asyncio.timeout(timeout):
+        await adapter.app.update_queue.join()
+    await hub.idle()
 
 
 def tg_config(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram,
@@ -387,6 +398,9 @@ class SlackRig:
         return found[n - 1]
 
     async def settle(self) -> None:
-        await asyncio.sleep(0.05)
+        """Every Socket Mode envelope acked (bolt acks once the listener returned: the
+        adapter processes before it responds; an HTTP delivery is answered after it),
+        no listener at work, and every conversation idle."""
+        await self.fake.wait_for(lambda: self.fake.pushed.keys() <= self.fake.acks.keys())
         await self.fake.wait_for(lambda: not self.adapter._inflight)
         await self.hub.idle()

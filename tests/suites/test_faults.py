@@ -442,9 +442,11 @@ async def test_telegram_turn_broken_by_a_long_lock_does_not_leave_a_live_placeho
         async with Lock(tmp_path / "tandem.db", 5.9):  # storing the answer gives up at ~5.3 s
             await asyncio.sleep(0)
         await r.hub.idle()
-        await asyncio.sleep(0.3)
+        await r.until(lambda: all(c.status for c in tg.calls_to("sendChatAction")))  # landed
         typing = len(tg.chat_actions)
-        await asyncio.sleep(0.5)  # typing_interval is 0.2 s here
+        # a fixed wait: typing that goes on would show within it (typing_interval is 0.2 s
+        # here); its absence sends no signal
+        await asyncio.sleep(0.5)
         still_typing = len(tg.chat_actions) - typing
         live = [m.text[:40] for m in r.bot(ANN) if m.reply_markup]
         tg.push_message(ANN, ANN, "second")
