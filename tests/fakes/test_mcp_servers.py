@@ -36,6 +36,7 @@ from tests.fakes.mcp_servers import (
     stdio_command,
     tiny_png,
 )
+from tests.waiting import eventually
 
 TOKEN = "s3cret"
 TOOLS = {"echo", "sleep", "hang", "fail", "error_result", "image", "resource", "add_tool",
@@ -88,8 +89,10 @@ def logged(log: Path) -> list[str]:
 async def check_cancel(session: ClientSession, log: Path, tool: str = "sleep") -> None:
     """Cancelling the task awaiting a long call ends it at once; the server stops the tool."""
     arguments = {"seconds": 30} if tool == "sleep" else {}
+    calls = logged(log).count(f"called {tool}")
     call = asyncio.create_task(session.call_tool(tool, arguments))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: logged(log).count(f"called {tool}") > calls, 10,
+                     what=f"{tool} running on the server")
     started = time.monotonic()
     call.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -20,6 +20,8 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond, AsyncSay
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from tests.waiting import eventually
+
 from .slack_server import BOT_USER_ID, DEFAULT_SCOPES, FakeSlackServer
 
 SECRET = "s"
@@ -35,18 +37,29 @@ def web_client(fake: FakeSlackServer, token: str = "xoxb-test") -> AsyncWebClien
     return AsyncWebClient(token=token, base_url=fake.api_url)
 
 
-def build_app(fake: FakeSlackServer, pressed: list[dict[str, Any]]) -> AsyncApp:
+def build_app(fake: FakeSlackServer, pressed: list[dict[str, Any]],
+              finished: list[str] | None = None) -> AsyncApp:
+    """A bolt app: a mention is echoed, a press on `x` is kept in `pressed`; each listener
+    that returned is named in `finished` (bolt runs them after its ack)."""
     app = AsyncApp(client=web_client(fake), signing_secret=SECRET)
+    done = finished if finished is not None else []
 
     @app.event("app_mention")
     async def on_mention(event: dict[str, Any], say: AsyncSay) -> None:
-        await say(text=f"echo: {event['text']}", thread_ts=event.get("thread_ts") or event["ts"])
+        try:
+            await say(text=f"echo: {event['text']}",
+                      thread_ts=event.get("thread_ts") or event["ts"])
+        finally:
+            done.append("app_mention")
 
     @app.action("x")
     async def on_x(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
-        await ack()
-        pressed.append(body)
-        await respond(text="pressed", replace_original=True)
+        try:
+            await ack()
+            pressed.append(body)
+            await respond(text="pressed", replace_original=True)
+        finally:
+            done.append("x")
 
     return app
 
@@ -281,23 +294,28 @@ async def test_apps_connections_open_requires_app_token(fake: FakeSlackServer) -
 # ---------------------------------------------------------------------- HTTP mode
 
 
+HttpBot = tuple[str, list[dict[str, Any]], list[str]]
+"""The bolt app's URL, the presses it got, the listeners that returned."""
+
+
 @pytest.fixture
-async def http_bot(fake: FakeSlackServer) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+async def http_bot(fake: FakeSlackServer) -> AsyncIterator[HttpBot]:
     pressed: list[dict[str, Any]] = []
-    app = build_app(fake, pressed)
+    finished: list[str] = []
+    app = build_app(fake, pressed, finished)
     runner = web.AppRunner(app.web_app(path="/slack/events"), handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield f"http://127.0.0.1:{port}/slack/events", pressed
+        yield f"http://127.0.0.1:{port}/slack/events", pressed, finished
     finally:
         await runner.cleanup()
 
 
-async def test_http_mode(fake: FakeSlackServer, http_bot: tuple[str, list[dict[str, Any]]]) -> None:
-    url, pressed = http_bot
+async def test_http_mode(fake: FakeSlackServer, http_bot: HttpBot) -> None:
+    url, pressed, finished = http_bot
     event = fake.message_event("C1", "U1", "hi", channel_type="channel", mention=True)
     body = fake.event_body(event)
     delivery = await fake.post_event(url, body, signing_secret=SECRET)
@@ -326,8 +344,9 @@ async def test_http_mode(fake: FakeSlackServer, http_bot: tuple[str, list[dict[s
     assert pressed[0]["user"]["id"] == "U2"
     message = fake.message("C1", ts)
     assert message is not None and message.text == "pressed"
-    # Give bolt's background listener tasks a moment to finish before the app is torn down.
-    await asyncio.sleep(0.05)
+    # bolt's listeners run in tasks of their own: all of them returned before the app is
+    # torn down (the mention, its retry, the raw one, the press)
+    await fake.wait_for(lambda: sorted(finished) == ["app_mention"] * 3 + ["x"])
 
 
 async def test_wait_for_times_out_with_dump(fake: FakeSlackServer) -> None:
@@ -722,10 +741,16 @@ async def test_stream_rate_limits_timeout_and_user_stop() -> None:
             await client.chat_appendStream(channel="D1", ts=ts, markdown_text="too fast")
         assert err.value.response.status_code == 429
         assert err.value.response.headers["Retry-After"] == "1"
-        await asyncio.sleep(0.12)  # one token back
+        # a fixed wait: the fake's bucket earns a token by the clock (append_interval), and
+        # an early try would be one more 429 in `rate_limited`
+        await asyncio.sleep(0.12)
         await client.chat_appendStream(channel="D1", ts=ts, markdown_text="3")
         assert fake.rate_limited == [("D1", "chat.appendStream")]
-        await asyncio.sleep(0.3)  # past stream_timeout: the fake stopped it
+        [open_stream] = fake.streams("D1")
+        assert open_stream.stream is not None
+        stream = open_stream.stream
+        await eventually(lambda: stream.state == "timed_out", 5,
+                         what="the fake's stream_timeout")  # then the fake stops it
         late = client.chat_appendStream(channel="D1", ts=ts, markdown_text="late")
         assert await api_error(late) == "message_not_in_streaming_state"
         [msg] = fake.streams("D1")

@@ -182,7 +182,7 @@ async def test_long_poll_waits_for_an_update(tg: FakeTelegram) -> None:
 
         poll = asyncio.create_task(bot.get_updates(timeout=5))
         await tg.wait_for(lambda: len(tg.calls_to("getUpdates")) == 2)
-        await asyncio.sleep(0.05)
+        assert tg.calls_to("getUpdates")[1].status == 0  # the fake holds it, unanswered
         assert not poll.done()
         update_id = tg.push_message(CHAT, USER, "wake up")
         updates = await asyncio.wait_for(poll, 1)
@@ -435,6 +435,7 @@ async def test_fast_edits_hit_flood_control() -> None:
             assert "Retry in 1" in str(caught.value)
             with pytest.raises(RetryAfter):  # the hold covers sends to the chat as well
                 await bot.send_message(CHAT, "meanwhile")
+            # a fixed wait: the fake's hold lasts retry_after (1 s) by the clock
             await asyncio.sleep(1.05)
             await bot.edit_message_text("5", CHAT, sent.message_id)
         assert tg.rate_limited == [(CHAT, "editMessageText"), (CHAT, "sendMessage")]
@@ -560,6 +561,7 @@ async def test_chat_interval_counts_every_call_to_a_chat() -> None:
                 await bot.set_message_reaction(CHAT, 1, ReactionTypeEmoji("👍"))
             assert await bot.send_chat_action(CHAT, "typing")  # not counted, not held
             await bot.send_message(USER + 1, "another chat has its own stream")
+            # a fixed wait: the fake's hold lasts retry_after (1 s) by the clock
             await asyncio.sleep(1.05)
             await bot.send_message(CHAT, "after the hold")
         assert tg.rate_limited == [
@@ -581,7 +583,7 @@ async def test_chat_interval_spaced_calls_never_hit_flood_control() -> None:
         async with make_bot(tg) as bot:
             sent = await bot.send_message(CHAT, "0")
             for i in range(1, 6):
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.25)  # a fixed wait: the pace is the point, by the clock
                 if i % 3 == 1:
                     await bot.edit_message_text(str(i), CHAT, sent.message_id)
                 elif i % 3 == 2:
@@ -1082,13 +1084,13 @@ async def test_deliveries_stop_on_delete_and_close() -> None:
             fake.push_message(CHAT, USER, "never")
             await fake.wait_for(lambda: len(hook.got) >= 2)
             await bot.delete_webhook()
+            assert not fake.delivering  # stopped before deleteWebhook answered
             count = len(hook.got)
             fake.push_message(CHAT, USER, "polled instead")
-            await asyncio.sleep(0.5)
             assert len(hook.got) == count and len(fake.pending_updates) == 2
             await bot.set_webhook(hook.url)
             await fake.wait_for(lambda: len(hook.got) > count)
         await fake.close()
+        assert not fake.delivering  # stopped before close returned
         count = len(hook.got)
-        await asyncio.sleep(0.5)
         assert len(hook.got) == count
