@@ -21,6 +21,7 @@ from bot.core.errors import ModelError, ModelStreamCut, user_message
 from bot.run import logs
 from tests.fakes.model_server import FakeModelServer, Reply
 from tests.test_cli import REPO, env, write_config
+from tests.waiting import eventually
 
 
 def client(server: FakeModelServer, **overrides: Any) -> llm.LiteLLMClient:
@@ -46,7 +47,7 @@ FIRST_TURN = textwrap.dedent("""
     async def main():
         async with FakeModelServer() as server:
             server.script(Reply(text="hello there"))
-            gaps, done = [0.0], False
+            gaps, done, ticking = [0.0], False, asyncio.Event()
 
             async def tick():
                 last = time.perf_counter()
@@ -55,9 +56,10 @@ FIRST_TURN = textwrap.dedent("""
                     now = time.perf_counter()
                     gaps.append(now - last)
                     last = now
+                    ticking.set()
 
             ticker = asyncio.create_task(tick())
-            await asyncio.sleep(0.05)
+            await ticking.wait()
             llm.preload()  # as `tandem run` does: it is importing when the turn starts
             client = llm.LiteLLMClient(LLMConfig(
                 model="openai/gpt-4o-mini", api_base=server.api_base, api_key="sk-test",
@@ -197,7 +199,8 @@ async def test_cancels_at_any_moment_leave_no_unawaited_coroutine_or_open_stream
             await asyncio.sleep(delay)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0.3)  # abandoned calls finish, and their streams are closed
+        # abandoned calls finish, and their streams are closed
+        await eventually(lambda: not llm._orphans, 10, what="abandoned calls closed")
         await llm.close()
         gc.collect()
     messages = [str(w.message) for w in caught]
@@ -213,7 +216,7 @@ async def test_an_abandoned_stream_is_closed(model: FakeModelServer) -> None:
         if isinstance(item, llm.Delta) and item.text:
             break
     await stream.aclose()  # type: ignore[attr-defined]
-    await asyncio.sleep(0.05)
+    await model.wait_streams_ended(1)  # the fake saw the client go; no call runs any more
     assert len(model.requests) == 1
 
 

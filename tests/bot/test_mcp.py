@@ -21,6 +21,7 @@ from bot.tools.mcp.tools import offered, result_text, schema_problem, tool_name
 from tests.conftest import Core, said
 from tests.fakes.mcp_servers import REPO_ROOT, http_server
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.waiting import eventually
 
 # -- names, filters, schemas, results -----------------------------------------------------
 
@@ -242,9 +243,8 @@ async def test_a_crash_mid_call_is_one_error_then_the_server_is_back(
         await core.sink.ended(1, timeout=15)
         assert "went away during `crash`" in results(model)[-1]
         mcp = core.hub.d.mcp
-        async with asyncio.timeout(15):
-            while mcp.connections["fake"].state != "connected":
-                await asyncio.sleep(0.1)
+        await eventually(lambda: mcp.connections["fake"].state == "connected", 15,
+                         what="the MCP server connected again")
         await core.say("again")
         # the crashed call's result is in view: even an allowed MCP tool asks now
         [card] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
@@ -335,9 +335,8 @@ async def test_a_changed_tool_list_is_fetched_again_and_offered_next(
         assert "mcp_fake_shiny" not in before
         await core.say("add a tool")
         await core.sink.ended(1)
-        async with asyncio.timeout(10):
-            while core.hub.d.tools.get("mcp_fake_shiny") is None:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: core.hub.d.tools.get("mcp_fake_shiny"), 10,
+                         what="the new tool registered")
         await core.say("use it")
         cards = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
         await core.hub.submit(Decision(core.key, core.user, cards[0].approval_id,

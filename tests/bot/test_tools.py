@@ -315,8 +315,12 @@ async def _json(_: aioweb.Request) -> aioweb.Response:
     return aioweb.json_response({"a": [1, 2]})
 
 
+SLOW_REPLY_S = 5.0
+"""How long the test site's /slow takes to answer: far past web_fetch's timeout."""
+
+
 async def _slow(_: aioweb.Request) -> aioweb.Response:
-    await asyncio.sleep(5)
+    await asyncio.sleep(SLOW_REPLY_S)
     return aioweb.Response(text="late")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from bot.core.events import (
 from bot.run.app import default_tools
 from tests.conftest import Core
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.waiting import eventually, processes
 
 
 def shell(cmd: str) -> Reply:
@@ -191,7 +192,9 @@ async def test_cancel_stops_a_running_tool_and_kills_its_process(
         [ended] = await core.sink.ended()
         assert time.monotonic() - started < 2
         assert ended.reason == "cancelled"
-    await asyncio.sleep(5.5)
+    # the shell that would touch the marker after its `sleep 5` is gone (killed with its
+    # group), so the marker can never appear
+    await eventually(lambda: not processes(str(marker)), 3, what="the tool's processes gone")
     assert not marker.exists()
     assert len(model.requests) == 1
 
@@ -348,7 +351,11 @@ async def test_an_approval_older_than_the_expiry_at_restart_is_denied_with_a_not
         await core.say("run it")
         [asked] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
         core.hub.lanes.closing = True  # stop before the expiry timer fires, like a crash
-    await asyncio.sleep(1.2)
+    db = sqlite3.connect(tmp_path / "tandem.db")  # 1.2 s go by while Tandem is down
+    db.execute("UPDATE approvals SET created_at = created_at - 1.2, "
+               "expires_at = expires_at - 1.2")
+    db.commit()
+    db.close()
     async with Core(config) as fresh:
         [ended] = await fresh.sink.ended()
         notices = [n.text for n in fresh.sink.of(Notice)]
