@@ -16,6 +16,7 @@ import yaml
 
 from tests.conftest import PERSONA, said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,10 +128,19 @@ def _alive(pattern: str) -> bool:
 
 
 async def _wait_for(path: Path, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        await asyncio.sleep(0.05)
+    await eventually(path.exists, timeout, what=f"{path} appearing")
+
+
+async def _read_until(stream: asyncio.StreamReader, needle: bytes,
+                      timeout: float = 30) -> bytes:
+    """What `stream` gave, read until `needle` shows in it."""
+    got = b""
+    async with asyncio.timeout(timeout):
+        while needle not in got:
+            chunk = await stream.read(4096)
+            assert chunk, f"the output ended before {needle!r}: {got[-500:]!r}"
+            got += chunk
+    return got
 
 
 async def test_kill_9_while_a_tool_runs_then_restart_repairs_the_history(
@@ -192,7 +202,7 @@ async def test_kill_9_during_a_scheduled_turn_does_not_run_that_slot_again(
     proc.stdin.write(b"schedule it\n")
     await proc.stdin.drain()
     await model.wait_requests(3, timeout=30)
-    await asyncio.sleep(0.3)  # the scheduled turn is streaming
+    await model.wait_streamed(model.chunks_sent + 3)  # the scheduled turn is streaming
     proc.kill()
     await proc.communicate()
     code, out, err = await tandem(config, model, "hello\n")
@@ -211,17 +221,18 @@ async def test_ctrl_c_cancels_the_turn_not_the_program(model: FakeModelServer,
     model.script(Reply(text=" ".join(f"w{i}" for i in range(400)), chunk_delay=0.02),
                  Reply(text="Still here."))
     proc = await spawn_chat(config, model)
-    assert proc.stdin is not None
+    assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b"talk a lot\n")
     await proc.stdin.drain()
     await model.wait_requests(1, timeout=30)
-    await asyncio.sleep(0.5)
+    await model.wait_streamed(model.chunks_sent + 3)  # the answer is streaming
     proc.send_signal(signal.SIGINT)
-    await asyncio.sleep(0.5)
+    shown = await _read_until(proc.stdout, b"Cancelled.")  # the turn is over
     proc.stdin.write(b"are you still there?\n")
     await proc.stdin.drain()
     proc.stdin.close()
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    rest, err = await asyncio.wait_for(proc.communicate(), 60)
+    out = shown + rest
     assert proc.returncode == 0, err
     assert "Cancelled." in out.decode() and "Still here." in out.decode()
 

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -60,6 +59,7 @@ from tests.fakes.telegram_server import FakeTelegram
 from tests.pg import database
 from tests.suites.harness import SlackRig
 from tests.test_cli import env, write_config
+from tests.waiting import eventually
 
 CONV = ConvKey("telegram", "42")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -408,10 +408,11 @@ async def test_with_several_workers_the_queue_gauges_are_read_at_scrape(
         await hub.d.store.open()
         await cluster.start()
         try:
-            deadline = time.monotonic() + 20
-            while value(s := await rendered(watcher), "tandem_workers_alive") < 1:
-                assert time.monotonic() < deadline, "the worker never showed a heartbeat"
-                await asyncio.sleep(0.1)
+            async def alive() -> Samples | None:
+                samples = await rendered(watcher)
+                return samples if value(samples, "tandem_workers_alive") >= 1 else None
+
+            s = await eventually(alive, 20, what="the worker's heartbeat", step=0.1)
         finally:
             await hub.close()
             await cluster.close()
@@ -475,10 +476,13 @@ async def test_tandem_run_serves_metrics_logs_json_and_stops(model: FakeModelSer
             fake.push_message(ANN, ANN, "hi")
             await fake.wait_for(lambda: "Hello there." in fake.bot_texts(ANN), 20)
             url = f"http://127.0.0.1:{port}/metrics"
-            deadline = time.monotonic() + 20  # the turn ends just after its answer shows
-            while value(s := await scrape(url), "tandem_turns_total", reason="completed") < 1:
-                assert time.monotonic() < deadline, "the turn was never counted"
-                await asyncio.sleep(0.05)
+
+            async def counted() -> Samples | None:  # the turn ends just after its answer
+                samples = await scrape(url)
+                return samples if value(samples, "tandem_turns_total",
+                                        reason="completed") >= 1 else None
+
+            s = await eventually(counted, 20, what="the turn counted", step=0.05)
         finally:
             code = await stop(proc, lines)
     assert code == 0, lines
@@ -538,15 +542,16 @@ async def test_tandem_run_workers_each_serve_the_cluster_gauges(model: FakeModel
             try:
                 seen = []
                 for worker_port in (port, port + 1):
-                    deadline = time.monotonic() + 120  # two litellm imports on 2 cores
-                    while True:
+                    async def both(worker_port: int = worker_port) -> Samples | None:
                         with contextlib.suppress(aiohttp.ClientConnectionError):
                             samples = await scrape(f"http://127.0.0.1:{worker_port}/metrics")
                             if value(samples, "tandem_workers_alive") == 2:
-                                break
-                        assert time.monotonic() < deadline, f"port {worker_port} never served"
-                        await asyncio.sleep(0.2)
-                    seen.append(samples)
+                                return samples
+                        return None
+
+                    # two litellm imports on 2 cores
+                    seen.append(await eventually(both, 120, step=0.2,
+                                                 what=f"port {worker_port} serving"))
             finally:
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(proc.communicate(), 60)

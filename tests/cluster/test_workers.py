@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 
 from bot.core.config import Config
@@ -34,6 +35,7 @@ from bot.serve.hub import Hub
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.pg import database
+from tests.waiting import eventually
 
 ANN = User("u1", "Ann")
 
@@ -75,6 +77,45 @@ class Shared:
                 raise AssertionError(f"timed out; events: {self.events()[-12:]}")
             await asyncio.sleep(0.02)
         return found
+
+    async def _due(self) -> int:
+        """Jobs running, or waiting and due now, cluster-wide."""
+        conn = await psycopg.AsyncConnection.connect(self.workers[0].cluster.url,
+                                                     autocommit=True)
+        try:
+            row = await (await conn.execute(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'doing' OR"
+                " (status = 'todo' AND (scheduled_at IS NULL OR scheduled_at <= now()))"
+            )).fetchone()
+        finally:
+            await conn.close()
+        return int(row[0]) if row else 0
+
+    async def _still(self) -> bool:
+        for w in self.workers:
+            await w.hub.idle()  # its jobs ran, and what they queued is in the queue
+        return await self._due() == 0
+
+    async def quiet(self, timeout: float = 20.0) -> None:
+        """Until nothing more can come: no job due or running in the queue, and no worker
+        with work under way. Looked at twice in a row, so that a job queued by work that
+        ended just before the first look is seen by the second."""
+        async def twice() -> bool:
+            return await self._still() and await self._still()
+
+        await eventually(twice, timeout, what="the cluster quiet", step=0.05)
+
+    async def all_alive(self) -> bool:
+        """Every worker's heartbeat is recent, as the store sees them."""
+        workers, _ = await self.workers[0].cluster.stats()
+        return workers == len(self.workers)
+
+    async def sweep(self) -> None:
+        """The leader's look for inbound recorded but never queued (its `on_sweep`, run
+        every few seconds), run once now."""
+        [leader] = await self.wait(lambda: [w for w in self.workers if w.cluster.leader])
+        assert leader.cluster.on_sweep is not None
+        await leader.cluster.on_sweep()
 
 
 async def join(shared: Shared, config: Config) -> Worker:
@@ -125,7 +166,7 @@ async def test_each_conversation_in_order_once_across_workers(
                 await hub.submit(UserMessage(key, ANN, f"{key.chat_id} #{n}",
                                              ref=f"console:{key.chat_id}:{n}"))
         await shared.wait(lambda: len(shared.of(TurnEnded)) >= 24)
-        await asyncio.sleep(0.5)  # nothing more may come
+        await shared.quiet()  # nothing more may come
         ended = shared.of(TurnEnded)
         ran_on = {i for i, e in shared.events() if isinstance(e, TurnStarted)}
     assert len(ended) == 24
@@ -144,7 +185,7 @@ async def test_a_redelivered_message_is_answered_once_whichever_worker_gets_it(
         for w in shared.workers:
             await w.hub.submit(UserMessage(key, ANN, "once", ref="console:dup:1"))
         await shared.wait(lambda: shared.of(TurnEnded))
-        await asyncio.sleep(1.0)
+        await shared.quiet()
         assert [e.text for e in shared.of(TurnEnded)] == ["echo once"]
 
 
@@ -201,7 +242,8 @@ async def test_status_names_the_backend_the_workers_and_the_queue(
     key = ConvKey("console", "status")
     async with cluster_of(2, config) as shared:
         await shared.wait(lambda: any(w.cluster.leader for w in shared.workers), timeout=10)
-        await asyncio.sleep(1.5)  # both heartbeats are in
+        await eventually(shared.all_alive, 10, step=0.1,  # both heartbeats are in
+                         what="both workers alive")
         await shared.workers[1].hub.submit(Command(key, ANN, "status", ref="console:s:1"))
         [notice] = await shared.wait(lambda: shared.of(Notice))
     assert "Store: PostgreSQL, 2 workers alive, 1 jobs queued or running" in notice.text
@@ -217,7 +259,8 @@ async def test_inbound_a_dead_worker_recorded_but_never_queued_is_answered_once(
         # recorded, and the worker "died" before it queued the job
         assert (await shared.workers[0].hub.intake.accept(item)).accepted
         [ended] = await shared.wait(lambda: shared.of(TurnEnded), timeout=15)
-        await asyncio.sleep(6)  # another sweep finds nothing more to do
+        await shared.sweep()  # another sweep finds nothing more to do
+        await shared.quiet()
         assert [e.text for e in shared.of(TurnEnded)] == ["echo lost and found"]
     assert ended.conv == key
 
@@ -251,7 +294,8 @@ async def test_a_redelivered_copy_of_inbound_recorded_but_never_queued_is_queued
         await shared.workers[1].hub.submit(UserMessage(key, ANN, "second", ref="console:a:2"))
         await shared.wait(lambda: len(shared.of(TurnEnded)) >= 2)
         took = time.monotonic() - sent
-        await asyncio.sleep(6)  # the sweep finds nothing more to do
+        await shared.sweep()  # the sweep finds nothing more to do
+        await shared.quiet()
         texts = [e.text for e in shared.of(TurnEnded)]
     assert texts == ["echo first", "echo second"] and took < 3.0, (texts, took)
 
@@ -298,7 +342,7 @@ async def test_a_turn_whose_press_was_applied_when_its_worker_died_goes_on(
         assert await dead.approvals.decide(conv, press)  # applied; never driven
         shared.workers[1 - where].hub.lanes.put(key, press)  # its job, run again
         [ended] = await shared.wait(lambda: shared.of(TurnEnded), timeout=15)
-        await asyncio.sleep(0.5)
+        await shared.quiet()
     assert ended.text == "It printed hi."
     assert len(shared.of(TurnEnded)) == 1
     results = [m["content"] for m in model.last_messages() if m["role"] == "tool"]
@@ -339,11 +383,11 @@ async def test_a_card_whose_worker_died_before_posting_it_is_posted_by_the_next_
         message = UserMessage(key, ANN, "run it", ref="console:lc:1")
         await shared.workers[0].hub.submit(message)
         await shared.wait(lambda: lost)
-        await asyncio.sleep(0.5)  # the turn is suspended, its card nowhere
+        await shared.quiet()  # the turn is suspended, its card nowhere
         for w in shared.workers:  # its job, run again (twice: nothing more to post)
             w.hub.lanes.put(key, message)
         [card] = await shared.wait(lambda: shared.of(ApprovalRequested))
-        await asyncio.sleep(1.0)
+        await shared.quiet()
         assert posted == lost == [card.approval_id]
         receipt = await shared.workers[1].hub.submit(
             Decision(key, ANN, card.approval_id, Verdict.APPROVE, ref="console:lc:2"))
@@ -367,6 +411,7 @@ async def test_inbound_a_dead_worker_recorded_goes_before_the_next_one(
         await shared.workers[1].hub.submit(UserMessage(key, ANN, "second", ref="console:o:2"))
         await shared.wait(lambda: len(shared.of(TurnEnded)) >= 2)
         took = time.monotonic() - sent
-        await asyncio.sleep(6)  # the sweep finds nothing more to do
+        await shared.sweep()  # the sweep finds nothing more to do
+        await shared.quiet()
         texts = [e.text for e in shared.of(TurnEnded)]
     assert texts == ["echo first", "echo second"] and took < 3.0, (texts, took)

@@ -43,6 +43,7 @@ from tests.fakes.slack_server import FakeSlackServer, HttpDelivery
 from tests.fakes.telegram_server import FakeTelegram
 from tests.suites.harness import SECRET as SLACK_SECRET
 from tests.test_cli import env
+from tests.waiting import within
 
 JSON = dict[str, Any]
 HOST = "127.0.0.1"
@@ -216,14 +217,14 @@ class Worker:
 
     async def wait_ready(self, timeout: float = READY_S) -> None:
         """Until this start listens on both ports and runs the queue worker."""
-        deadline = time.monotonic() + timeout
-        while "Tandem is running" not in (text := self.log_text()):
+        await within(lambda: "Tandem is running" in self.log_text() or not self.alive,
+                     timeout, step=0.1)
+        text = self.log_text()
+        if "Tandem is running" not in text:
             if not self.alive:
                 raise AssertionError(f"{self} exited with {self.proc and self.proc.returncode}"
                                      f" before it was ready:\n{text}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self} not ready within {timeout:g} s:\n{text}")
-            await asyncio.sleep(0.1)
+            raise AssertionError(f"{self} not ready within {timeout:g} s:\n{text}")
         assert "Telegram: receiving updates on" in text and "slack: listening" in text, text
         self.ready = True
 

@@ -96,6 +96,7 @@ from tests.suites.cluster_rig import (
     write_config,
 )
 from tests.suites.test_crash import tool_alive, without_note
+from tests.waiting import within
 
 # Tests that look for their tool processes by command line (pgrep) run on one xdist worker.
 pytestmark = pytest.mark.xdist_group("tool-processes")
@@ -118,6 +119,9 @@ PRESS_AFTER_S = 0.4
 """A user reads a card this long before pressing."""
 REPRESS_S = 12.0
 """A card still live this long after its press: the press was lost; press again."""
+LOOK_S = 0.1
+"""How often the loops that watch every conversation (settle, quiesce) look again: they
+press cards as a user would and time the quiet, so they poll rather than wait."""
 BUDGET_S = 240.0 + (KILLS * 25.0 if LONG else 0.0)
 
 INTERRUPTED = "An earlier answer here was interrupted"
@@ -692,7 +696,7 @@ class Suite:
                 if (pressed is None and now - first > PRESS_AFTER_S) or \
                         (pressed is not None and now - pressed > REPRESS_S):
                     await self.press(conv, card)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(LOOK_S)
         return True
 
     async def converse(self, conv: Conv, rng: random.Random,
@@ -920,7 +924,7 @@ class Suite:
                 last, seen = time.monotonic(), posted
             elif time.monotonic() - last > QUIET_S:
                 return
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(LOOK_S)
 
     def check_conversations(self) -> None:
         cut = self.cut_tokens()
@@ -1179,7 +1183,8 @@ async def run(suite: Suite) -> None:
     suite.figures.phase("stopped")
     if codes != [0] * WORKERS:
         suite.problem(f"exit statuses after SIGTERM: {codes}")
-    await asyncio.sleep(0.5)
+    # the tools' supervisors are told of their workers' deaths and kill their groups
+    await within(lambda: not (tool_alive() or pgrep(APPROVE_SLEEP)), 0.5)
     if tool_alive() or pgrep(APPROVE_SLEEP):
         suite.problem(f"tool processes outlived the workers: {pgrep('sleep ')}")
     suite.check_conversations()

@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import said
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.test_cli import env, write_config
+from tests.waiting import within
 
 # Tests that look for their tool processes by command line (pgrep) run on one xdist worker.
 pytestmark = pytest.mark.xdist_group("tool-processes")
@@ -115,7 +116,8 @@ async def test_kill_9_at_random_points_loses_nothing(model: FakeModelServer,
         await asyncio.sleep(rng.uniform(0.0, 1.5 if scenario != "job" else 2.5))
         proc.kill()
         await proc.wait()
-        await asyncio.sleep(0.3)
+        # its tool's supervisor is told of the death and kills the group, within 0.3 s
+        await within(lambda: not tool_alive(), 0.3)
         assert not tool_alive(), f"kill {kill} ({scenario}): a tool process outlived Tandem"
         state = db_state(db)
         assert state["integrity"] == "ok"

@@ -40,6 +40,7 @@ from tests.suites.harness import ANN, FaultySlack, FaultyTelegram, SlackRig, TgR
 from tests.suites.test_crash import without_note
 from tests.suites.test_crash_telegram import start as start_tandem
 from tests.suites.test_crash_telegram import write_config
+from tests.waiting import eventually, within
 
 PLATFORMS = ("telegram", "slack")
 CANCELLED = "⏹ Cancelled."
@@ -418,28 +419,19 @@ def server_pids(log: Path) -> list[int]:
 
 
 async def gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+    return bool(await within(lambda: not alive(pid), timeout))
 
 
 async def mcp_connected(tg: FakeTelegram, timeout: float = 30.0) -> None:
-    """Ask `/status` until it lists the fake server as connected."""
-    async with asyncio.timeout(timeout):
-        while True:
-            seen = len(tg.bot_texts(ANN))
-            tg.push_message(ANN, ANN, "/status")
+    """Ask `/status` until it lists the fake server as connected (only `/status` tells:
+    Tandem runs in another process)."""
+    async def connected() -> bool:
+        seen = len(tg.bot_texts(ANN))
+        tg.push_message(ANN, ANN, "/status")
+        await tg.wait_for(lambda: len(tg.bot_texts(ANN)) > seen, timeout=timeout)
+        return any("fake: connected" in t for t in tg.bot_texts(ANN)[seen:])
 
-            def answered(seen: int = seen) -> bool:
-                return len(tg.bot_texts(ANN)) > seen
-
-            await tg.wait_for(answered, timeout=timeout)
-            if any("fake: connected" in t for t in tg.bot_texts(ANN)[seen:]):
-                return
-            await asyncio.sleep(0.2)
+    await eventually(connected, timeout, step=0.2, what="the MCP server connected")
 
 
 def sleep_or_answer(messages: list[dict[str, Any]]) -> Reply:
