@@ -95,8 +95,9 @@ class SlackChat:
 
     # -- a turn's live surface ------------------------------------------------------------
 
-    def new_live(self, conv: ConvKey, turn: int) -> SlackStream | Live:
-        return self._stream(conv, turn) or self._placeholder(conv, turn)
+    def new_live(self, conv: ConvKey, turn: int,
+                 lost_cancel: Callable[[], None]) -> SlackStream | Live:
+        return self._stream(conv, turn, lost_cancel) or self._placeholder(conv, turn)
 
     def adopt_live(self, conv: ConvKey, turn: int, where: Where) -> Live | None:
         ts = where.get("ts")
@@ -106,7 +107,8 @@ class SlackChat:
         live.adopt(ts)
         return live
 
-    def _stream(self, conv: ConvKey, turn: int) -> SlackStream | None:
+    def _stream(self, conv: ConvKey, turn: int,
+                lost_cancel: Callable[[], None]) -> SlackStream | None:
         """A stream for this turn: in a thread (streams are replies) where Slack has not
         refused one; in a channel only with the person it is for."""
         channel, thread = conv.chat_id, conv.thread_id
@@ -121,7 +123,8 @@ class SlackChat:
             if dm and self.slack.assistant.enabled else None
         return SlackStream(self.client, where, min_interval=self.min_edit_interval,
                            live=lambda: self._placeholder(conv, turn),
-                           refused=self._no_streams.add, status=status)
+                           refused=self._no_streams.add, status=status,
+                           lost_cancel=lost_cancel)
 
     async def _assistant_status(self, channel: str, thread: str, text: str) -> None:
         """The assistant thread's status line ("is thinking…", "is running `shell`…")."""

@@ -65,8 +65,11 @@ class SlackStream:
 
     def __init__(self, client: AsyncWebClient, where: Where, *, min_interval: float,
                  live: Callable[[], Live], refused: Callable[[str], None],
-                 status: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 status: Callable[[str], Awaitable[None]] | None = None,
+                 lost_cancel: Callable[[], None] = lambda: None) -> None:
         self.client, self.where = client, where
+        self._lost_cancel = lost_cancel
+        """Told when the placeholder (and its ⏹) gives way to the stream."""
         self.min_interval = min_interval
         self._new_live, self._refused, self._status = live, refused, status
         self.placeholder: Live | None = None
@@ -295,6 +298,7 @@ class SlackStream:
         placeholder, self.placeholder = self.placeholder, None
         if placeholder is None:
             return
+        self._lost_cancel()
         for ts in placeholder.refs:
             if ts is not None:
                 with contextlib.suppress(SlackApiError, aiohttp.ClientError, TimeoutError):

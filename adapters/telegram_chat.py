@@ -74,7 +74,8 @@ class TelegramChat:
 
     # -- a turn's live surface ------------------------------------------------------------
 
-    def new_live(self, conv: ConvKey, turn: int) -> Draft | LiveMessage[Posted]:
+    def new_live(self, conv: ConvKey, turn: int,
+                 lost_cancel: Callable[[], None]) -> Draft | LiveMessage[Posted]:
         chat, thread = where_of(conv)
         if not (self.config.drafts and chat > 0 and chat not in self.no_drafts):
             return self._placeholder(conv, turn)  # drafts: a private chat (a positive id)

@@ -9,7 +9,7 @@ is decided once, in `adapters.edge.Edge`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from bot.core.events import ApprovalRequested, Button, ConvKey, Progress, User
@@ -66,8 +66,11 @@ class Chat(Protocol[Ref]):
     failures: tuple[type[BaseException], ...]
     """Errors that mean "the platform did not take it": the edge logs them, the turn goes on."""
 
-    def new_live(self, conv: ConvKey, turn: int) -> Live[Ref]:
-        """The live surface for a new turn (the platform picks the mode)."""
+    def new_live(self, conv: ConvKey, turn: int,
+                 lost_cancel: Callable[[], None]) -> Live[Ref]:
+        """The live surface for a new turn (the platform picks the mode); it calls
+        `lost_cancel` when it stops showing a ⏹ of its own (a stream replacing its
+        placeholder), so that the edge offers one."""
         ...
 
     def adopt_live(self, conv: ConvKey, turn: int, where: Where) -> Live[Ref] | None:

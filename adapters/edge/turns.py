@@ -70,7 +70,13 @@ class Turns(Generic[Ref]):
         if (old := self._turns.pop(conv, None)) is not None:
             await self._stop(conv, old)
         await self.paused.settle(conv)
-        turn = self._turns[conv] = Turn(number, self.chat.new_live(conv, number))
+        def lost_cancel() -> None:  # the surface's own ⏹ went: one beside it, if due
+            now = self._turns.get(conv)
+            if now is not None and now.number == number and \
+                    time.monotonic() - now.started >= self.cancel_delay:
+                self._offer_soon(conv, now)
+
+        turn = self._turns[conv] = Turn(number, self.chat.new_live(conv, number, lost_cancel))
         loop = asyncio.get_running_loop()
         turn.tasks = [loop.create_task(self._tick(conv, turn)),
                       loop.create_task(self._offer_after(conv, turn))]

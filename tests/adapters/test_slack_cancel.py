@@ -336,12 +336,6 @@ async def test_a_stream_that_starts_after_the_delay_takes_over_the_placeholders_
     report(capsys, "late stream", turn_ended=took, model_stream_cut=cut - pressed)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "edge defect: the Cancel offer is reconsidered only at cancel_delay and on Progress "
-    "events, not when the live surface loses its own ⏹. A stream that starts after "
-    "cancel_delay deletes the placeholder (and its ⏹) on the same Progress that the edge "
-    "checked while the placeholder was still there; tool-call arguments stream without "
-    "Progress, so no ⏹ is shown until the tool runs"))
 async def test_a_stream_that_starts_after_the_delay_then_writes_a_long_tool_call_offers_cancel(
         fake: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
     # "Let me check." 0.7 s in (after cancel_delay), then a tool call whose arguments
