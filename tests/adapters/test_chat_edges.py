@@ -10,6 +10,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
@@ -90,22 +91,29 @@ async def test_telegram_an_answer_that_starts_with_blank_lines_streams_as_usual(
 # ---- a card lost to a kill -------------------------------------------------------------
 
 
+def cards_lost(adapter: Any) -> list[ApprovalRequested]:
+    """The adapter never shows a card: as if the process stopped between storing the
+    approval and posting its card. The cards it was given, in order."""
+    lost: list[ApprovalRequested] = []
+    emit = adapter.emit
+
+    async def dying(event: Event) -> None:
+        if isinstance(event, ApprovalRequested):
+            lost.append(event)
+            return
+        await emit(event)
+
+    adapter.emit = dying
+    return lost
+
+
 async def test_telegram_a_card_never_posted_before_a_stop_is_posted_at_the_restart(
         tmp_path: Path, model: FakeModelServer, tg: FakeTelegram) -> None:
     """One process dies between storing the approval and posting its card (here: its
     chat never saw the card); the next start posts it, so someone can press it."""
     model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote out.txt."))
     async with rig(tmp_path, model, tg) as r:
-        lost: list[ApprovalRequested] = []
-        emit = r.adapter.emit
-
-        async def dying(event: Event) -> None:
-            if isinstance(event, ApprovalRequested):
-                lost.append(event)  # the process stops before the card goes out
-                return
-            await emit(event)
-
-        r.adapter.emit = dying  # type: ignore[method-assign]
+        lost = cards_lost(r.adapter)
         tg.push_message(ANN, ANN, "write hi to out.txt")
         await tg.wait_for(lambda: bool(lost))
         await r.hub.idle()
@@ -139,16 +147,7 @@ async def test_slack_a_card_never_posted_before_a_stop_is_posted_at_the_restart(
         slack: FakeSlackServer, model: FakeModelServer, tmp_path: Path) -> None:
     model.script(Reply(tool_calls=[ECHO]), Reply(text="Wrote out.txt."))
     async with SlackRig(slack, model, tmp_path, "socket") as r:
-        lost: list[ApprovalRequested] = []
-        emit = r.adapter.emit
-
-        async def dying(event: Event) -> None:
-            if isinstance(event, ApprovalRequested):
-                lost.append(event)  # the process stops before the card goes out
-                return
-            await emit(event)
-
-        r.adapter.emit = dying  # type: ignore[method-assign]
+        lost = cards_lost(r.adapter)
         await r.say("D1", "U1", "write hi to out.txt")
         await slack.wait_for(lambda: bool(lost))
         await r.settle()

@@ -33,9 +33,8 @@ import pytest
 
 from adapters.edge.turns import WORKING
 from adapters.live import THINKING
-from adapters.slack import SlackAdapter
 from bot.core.buttons import CancelButton, pack
-from bot.core.events import Event, TurnEnded, TurnStarted
+from tests.adapters.cancel_watch import Watch, slow_reply
 from tests.adapters.test_slack import Rig, buttons
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.slack_server import Call, FakeSlackMessage, FakeSlackServer
@@ -44,7 +43,6 @@ CANCEL_DELAY = 0.5
 """The adapter's cancel_delay in these tests (the default, 1.5 s, only slows them)."""
 STOP_WITHIN = 1.0
 """A press stops the turn, the model's stream and a tool's process within this."""
-SLOW = "word " * 400  # streamed in 400 chunks 20 ms apart: 8 s, unless cancelled
 OFFER_ACTION = "tandem_button_0"
 """The action id of the status message's ⏹ (a notice's first button)."""
 CANCEL_ACTION = "tandem_cancel"
@@ -73,41 +71,6 @@ def cancel_rig(fake: FakeSlackServer, model: FakeModelServer, tmp: Path, mode: s
     if cancel_delay is not None:
         rig.options["cancel_delay"] = cancel_delay
     return rig
-
-
-def slow_reply() -> Reply:
-    return Reply(text=SLOW, chunk_size=5, chunk_delay=0.02)
-
-
-class Watch:
-    """What the core emitted to the adapter, and when each model stream stopped."""
-
-    def __init__(self, adapter: SlackAdapter, model: FakeModelServer) -> None:
-        self.events: list[tuple[float, Event]] = []
-        self.stream_ends: list[float] = []
-        """When each streamed model answer stopped being written (done, or cut)."""
-        emit = adapter.emit
-
-        async def recording(event: Event) -> None:
-            self.events.append((time.monotonic(), event))
-            await emit(event)
-
-        adapter.emit = recording  # type: ignore[method-assign]  # the dispatch's sink
-        stream = model._stream
-
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await stream(*args, **kwargs)
-            finally:  # also when the client hung up and aiohttp cancelled the handler
-                self.stream_ends.append(time.monotonic())
-
-        model._stream = timed  # type: ignore[method-assign]
-
-    def started(self) -> list[tuple[float, TurnStarted]]:
-        return [(t, e) for t, e in self.events if isinstance(e, TurnStarted)]
-
-    def ended(self) -> list[tuple[float, TurnEnded]]:
-        return [(t, e) for t, e in self.events if isinstance(e, TurnEnded)]
 
 
 # -- what the fake saw -------------------------------------------------------------------

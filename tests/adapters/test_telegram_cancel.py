@@ -21,15 +21,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
 
 from adapters.edge.turns import WORKING
-from adapters.telegram import TelegramAdapter
 from bot.core.buttons import CancelButton, pack
-from bot.core.events import Event, TurnEnded, TurnStarted, Verdict
+from bot.core.events import Verdict
+from tests.adapters.cancel_watch import Watch, slow_reply
 from tests.adapters.test_telegram import ANN, BOB, ECHO, GROUP, Rig, rig
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.telegram_server import Call, FakeMessage, FakeTelegram
@@ -39,7 +38,6 @@ CANCEL_DELAY = 0.5
 STOP_WITHIN = 1.0
 """A press stops the turn, the model's stream and a tool's process within this."""
 ARGS = {"cancel_delay": CANCEL_DELAY}
-SLOW = "word " * 400  # streamed in 400 chunks 20 ms apart: 8 s, unless cancelled
 
 
 @pytest.fixture
@@ -47,41 +45,6 @@ async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(flood=False) as server:
         yield server
         assert server.internal_errors == []
-
-
-def slow_reply() -> Reply:
-    return Reply(text=SLOW, chunk_size=5, chunk_delay=0.02)
-
-
-class Watch:
-    """What the core emitted to the adapter, and when each model stream stopped."""
-
-    def __init__(self, adapter: TelegramAdapter, model: FakeModelServer) -> None:
-        self.events: list[tuple[float, Event]] = []
-        self.stream_ends: list[float] = []
-        """When each streamed model answer stopped being written (done, or cut)."""
-        emit = adapter.emit
-
-        async def recording(event: Event) -> None:
-            self.events.append((time.monotonic(), event))
-            await emit(event)
-
-        adapter.emit = recording  # type: ignore[method-assign]  # the dispatch's sink
-        stream = model._stream
-
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await stream(*args, **kwargs)
-            finally:  # also when the client hung up and aiohttp cancelled the handler
-                self.stream_ends.append(time.monotonic())
-
-        model._stream = timed  # type: ignore[method-assign]
-
-    def started(self) -> list[tuple[float, TurnStarted]]:
-        return [(t, e) for t, e in self.events if isinstance(e, TurnStarted)]
-
-    def ended(self) -> list[tuple[float, TurnEnded]]:
-        return [(t, e) for t, e in self.events if isinstance(e, TurnEnded)]
 
 
 def to_chat(call: Call, chat: int) -> bool:
