@@ -25,6 +25,13 @@ from tests.fakes.telegram_server import FakeTelegram
 from tests.suites.harness import FaultyTelegram, tg_rig
 
 EMPTY = "(The model returned an empty answer.)"
+QUIET = {"cancel_delay": 60.0}
+"""No ⏹ status message, however slow the machine: the test counts every message."""
+
+
+def quiet(rig: SlackRig) -> SlackRig:
+    rig.options.update(QUIET)
+    return rig
 
 
 @pytest.fixture
@@ -49,7 +56,7 @@ async def test_telegram_an_answer_without_visible_text_says_so(
         tmp_path: Path, model: FakeModelServer, tg: FakeTelegram, chat: int, drafts: bool,
         answer: str) -> None:
     model.script(Reply(text=answer))
-    async with rig(tmp_path, model, tg, drafts=drafts,
+    async with rig(tmp_path, model, tg, QUIET, drafts=drafts,
                    allowed_users=[ANN], groups={"require_mention": False}) as r:
         tg.push_message(chat, ANN, "say nothing")
         final = await r.answered(chat, EMPTY)
@@ -63,7 +70,7 @@ async def test_telegram_an_answer_without_visible_text_says_so(
 async def test_slack_an_answer_without_visible_text_says_so(
         slack: FakeSlackServer, model: FakeModelServer, tmp_path: Path, answer: str) -> None:
     model.script(Reply(text=answer))
-    async with SlackRig(slack, model, tmp_path, "socket") as r:
+    async with quiet(SlackRig(slack, model, tmp_path, "socket")) as r:
         await r.say("D1", "U1", "say nothing")
         await r.wait_text("D1", EMPTY)
         await r.settle()
