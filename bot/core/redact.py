@@ -34,6 +34,12 @@ TOKEN_SHAPES = (
     ("AIza", r"AIza[0-9A-Za-z_-]{35}", 0),                 # Google API keys
 )
 """No word boundaries: a shape matches wherever it appears, glued to other text too."""
+SHAPE_REACH = 64
+"""Every shape matches once this many of its characters are there (a Telegram token
+needs 43): a cut further into a token than that leaves a part that is still found."""
+TOKEN_RUN = re.compile(r"[A-Za-z0-9_:-]+")
+"""The characters every shape is made of: a text cut inside a token starts with a run
+of them, which no shape may match without the token's start."""
 
 
 def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -103,6 +109,47 @@ class Redactor:
         return _cut(text, spans) if spans else text
 
     __call__ = redact
+
+    @property
+    def reach(self) -> int:
+        """How far past a cut a secret that the cut split can stand: the longest known
+        secret, or as far as a shape needs to match."""
+        return max(SHAPE_REACH, len(self._secrets[0]) if self._secrets else 0)
+
+    def head(self, text: str, keep: int) -> tuple[str, int]:
+        """`text`, the start of a longer output cut at its end, redacted and shortened to
+        at most `keep` characters that end where no secret is split: (what to show, how
+        many characters of `text` it stands for).
+
+        Its last `reach` characters are never shown (a secret the cut split may start
+        there, and would not be found), and the shown part must redact as it does within
+        the whole `text`, else it ends earlier: a secret it would split is never halved."""
+        whole = self.redact(text)
+        end, step = max(0, min(keep, len(text) - self.reach)), 1
+        while end > 0:
+            shown = self.redact(text[:end])
+            if len(shown) <= keep and whole.startswith(shown):
+                return shown, end
+            end, step = max(0, end - step), step * 2
+        return "", 0
+
+    def tail(self, text: str, keep: int) -> tuple[str, int]:
+        """`text`, the end of a longer output cut at its start, redacted and shortened to
+        at most `keep` characters that start where no secret is split: (what to show, how
+        many characters of `text` it stands for).
+
+        A secret the cut split ends within `reach` characters of the start, a token within
+        the run of token characters the text starts with (however long): neither is
+        shown, and the shown part must redact as it does within the whole `text`."""
+        whole = self.redact(text)
+        run = TOKEN_RUN.match(text)
+        start, step = max(len(text) - keep, self.reach, run.end() if run else 0), 1
+        while start < len(text):
+            shown = self.redact(text[start:])
+            if len(shown) <= keep and whole.endswith(shown):
+                return shown, len(text) - start
+            start, step = min(len(text), start + step), step * 2
+        return "", 0
 
     def event(self, event: Event) -> Event:
         """`event` with every text a chat shows redacted."""

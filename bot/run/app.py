@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -85,6 +85,8 @@ class ToolEnv:
     ports: dict[str, FilePort]
     owner: str = ""
     """Whose tool processes these are (the worker's id with several workers)."""
+    redactor: Redactor = field(default_factory=Redactor)
+    """The runner's, for a tool that redacts the output it cuts itself (the shell)."""
 
     def __call__(self, conv: Conversation) -> ToolContext:
         config = self.config
@@ -93,7 +95,7 @@ class ToolEnv:
         return ToolContext(
             workspace=Path(config.workspace.dir), protected=self.protected, env=self.env,
             shell_timeout_s=config.limits.shell_timeout_s,
-            output_chars=config.limits.tool_output_chars,
+            output_chars=config.limits.tool_output_chars, redactor=self.redactor,
             extras={"conv": conv.row, "persona_dir": persona,
                     "memory_dir": scope_dir(persona, config.memory.scope, conv.row.key,
                                             requester),
@@ -139,7 +141,7 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     scheduler = Scheduler(store, config.scheduler.timezone, config.scheduler.misfire_grace_s)
     env = ToolEnv(config, store, scheduler, protected_paths(config),
                   shell.clean_env(dict(os.environ), config.secrets()), dispatch.ports,
-                  owner_id(cluster is not None))
+                  owner_id(cluster is not None), redactor)
     deps = Deps(config=config, store=store, model=model or LiteLLMClient(config.llm),
                 tools=registry, prompt=Prompt(config, persona, registry, scheduler.count),
                 emit=dispatch.emit, tool_context=env, redact=redactor,

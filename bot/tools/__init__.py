@@ -24,6 +24,7 @@ from typing import Any
 
 from bot.core.errors import ToolError
 from bot.core.history import Outcome
+from bot.core.redact import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class ToolContext:
     output_chars: int = 16_000
     extras: dict[str, Any] = field(default_factory=dict)
     """Services some tools need (persona dir, scheduler, conversation key...)."""
+    redactor: Redactor = field(default_factory=Redactor)
+    """The runner's: a tool that cuts its output itself (the shell) redacts what it keeps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,15 @@ def visible(text: str) -> str:
     return "".join(f"⟨U+{ord(c):04X}⟩" if _hidden(c) else c for c in text)
 
 
+ERROR = "error: "
+"""What a tool's error starts with for the model."""
+
+
+def cut_note(count: int) -> str:
+    """What stands between the head and the tail of an output cut in the middle."""
+    return f"\n\n[... {count} characters cut ...]\n\n"
+
+
 def cap(text: str, limit: int) -> str:
     """Keep the head and the tail of a long output, with a note of what was cut."""
     if len(text) <= limit:
@@ -159,7 +171,7 @@ def cap(text: str, limit: int) -> str:
     head = limit * 2 // 3
     tail = limit - head
     cut = len(text) - head - tail
-    return f"{text[:head]}\n\n[... {cut} characters cut ...]\n\n{text[-tail:]}"
+    return f"{text[:head]}{cut_note(cut)}{text[-tail:]}"
 
 
 def parse_arguments(raw: str) -> dict[str, Any]:
@@ -189,6 +201,6 @@ def outcome_of(task: asyncio.Future[str], name: str, limit: int,
     if exc is None:
         return Outcome.OK, cap(redact(task.result()), limit)
     if isinstance(exc, ToolError):
-        return Outcome.ERROR, cap(redact(f"error: {exc}"), limit)
+        return Outcome.ERROR, cap(redact(f"{ERROR}{exc}"), limit)
     log.error("tool %s crashed", name, exc_info=exc)
     return Outcome.ERROR, f"error: `{name}` failed unexpectedly (details are in Tandem's logs)"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.core import redact
 from bot.core.errors import PathRefused, ToolError
 from bot.run.logs import Redactor
 from bot.tools import ToolContext
@@ -40,13 +41,15 @@ async def test_the_shell_sees_no_secrets(tmp_path: Path) -> None:
     assert "sk-" not in out and "xoxb" not in out and "TANDEM" not in out
 
 
-async def test_shell_output_is_whole_for_the_runner_to_redact_then_cap(
+async def test_a_long_shell_output_is_cut_by_the_shell_its_kept_ends_redacted(
         tmp_path: Path) -> None:
     ctx = ToolContext(workspace=tmp_path, protected=frozenset(), env={"PATH": "/usr/bin:/bin"},
-                      output_chars=1000)
-    out = await shell(ctx, {"command": "seq 1 100000"})
-    assert out.startswith("1\n2\n") and out.rstrip().endswith("100000")
-    assert "characters cut" not in out  # a cut here could split a secret in two
+                      output_chars=1000, redactor=redact.Redactor(["sk-configured-secret"]))
+    out = await shell(ctx, {"command": "echo sk-configured-secret; seq 1 100000; "
+                                       "echo sk-configured-secret"})
+    assert out.startswith("[secret]\n1\n2\n") and out.endswith("\n100000\n[secret]\n")
+    assert "characters cut" in out and len(out) <= 1000  # the runner has nothing to cut
+    assert "sk-" not in out  # (tests/bot/test_shell_output.py: split by a cut, too)
 
 
 async def test_shell_times_out_and_reports_failures(tmp_path: Path) -> None:
