@@ -9,8 +9,7 @@ from enum import StrEnum
 from bot.core.config import Breakers
 from bot.core.events import User
 from bot.core.history import CallState, Outcome, ToolCall
-from bot.turn import breakers
-from bot.turn.breakers import Seen, Trip, TripKind
+from bot.turn.breakers import Seen, Trip, TripKind, after_failure, check
 from bot.turn.state import (
     AddRule,
     Ask,
@@ -49,7 +48,7 @@ def finish(state: TurnState, limits: Breakers, call_id: str, outcome: Outcome, t
     new = _with(replace(state, ledger=ledger), record, state=CallState.FINISHED,
                 outcome=outcome, skipped_by=skipped_by)
     if outcome is Outcome.ERROR and new.fatal is None:
-        trip = breakers.after_failure(limits, ledger, record.call.name)
+        trip = after_failure(limits, ledger, record.call.name)
         if trip is not None:
             new = replace(new, fatal=trip.message)
     return Step(new, (Finish(call_id, outcome, text),))
@@ -87,7 +86,7 @@ def decide(state: TurnState, limits: Breakers, call_id: str, verdict: Verdict) -
         return Step(state)
     seen = [Seen(r.call.name, r.call.arguments, r.outcome, r.skipped_by)
             for r in state.calls if r.outcome is not None]
-    trip: Trip | None = breakers.check(limits, seen, state.ledger, record.call.name,
+    trip: Trip | None = check(limits, seen, state.ledger, record.call.name,
                                        record.call.arguments)
     if trip is not None:
         step = finish(state, limits, call_id, Outcome.SKIPPED, trip.message, trip.kind)
