@@ -53,6 +53,21 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Quote:
+    """Another message that a message replies to, quotes or forwards."""
+
+    text: str
+    author: User | None = None
+    """Who wrote it, where the platform says and it is a person (None: a channel, a
+    hidden sender, or nobody known)."""
+    by_tandem: bool = False
+    """One of Tandem's own messages."""
+    origin: str = ""
+    """Who it came from, in words, when `author` cannot say (a channel, a bot, a hidden
+    sender)."""
+
+
+@dataclass(frozen=True, slots=True)
 class UserMessage:
     conv: ConvKey
     user: User
@@ -62,6 +77,40 @@ class UserMessage:
     attachments: tuple[Attachment, ...] = ()
     context: str | None = None
     """Earlier thread messages fetched once when the bot joins a thread."""
+    message_id: str | None = None
+    """The platform's id of the message itself (what an edit of it names)."""
+    quote: Quote | None = None
+    """The message it replies to or quotes."""
+    forwarded: Quote | None = None
+    """Set when the message is a forward: where it came from (its text is `text`)."""
+    around: ConvKey | None = None
+    """Where the talk around the message is kept when that is not `conv` (a Slack channel
+    whose mention starts a thread)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Aside:
+    """A message in a group that was not addressed to Tandem, kept as context (never
+    answered). Anyone in the group may have written it."""
+
+    conv: ConvKey
+    user: User
+    text: str
+    message_id: str
+    quote: Quote | None = None
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """A message was edited (or, with `deleted`, deleted) after it was sent."""
+
+    conv: ConvKey
+    user: User
+    message_id: str
+    text: str = ""
+    deleted: bool = False
+    ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +151,7 @@ class Command:
     ref: str | None = None
 
 
-Inbound = UserMessage | Decision | Cancel | Trigger | Command
+Inbound = UserMessage | Decision | Cancel | Trigger | Command | Aside | Edit
 
 
 # ---- outbound -------------------------------------------------------------------------

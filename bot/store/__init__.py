@@ -179,6 +179,26 @@ class Spent:
     lifted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class TalkRow:
+    """A message of a chat as Tandem keeps it beside the conversation: one it was sent
+    (`said`, for edits of it to find), group talk not addressed to it (`aside`), or what
+    became of a message after its turn (`edit`, `deleted`), for the next turn to read."""
+
+    place: str
+    message_id: str
+    kind: str
+    """said | aside | edit | deleted"""
+    author_id: str
+    author: str
+    outside: bool
+    """Written by someone who is not an allowed user (content from outside)."""
+    text: str
+    at: float = 0.0
+    before: str = ""
+    """An edit's earlier text."""
+
+
 class Store(Protocol):
     # -- plumbing
     async def open(self) -> None:
@@ -312,3 +332,16 @@ class Store(Protocol):
         """Each scope's spending of `day` (scopes with none are left out)."""
     async def lift_budget(self, day: str, scope: str) -> None:
         """The scope's budget does not apply for the rest of `day`."""
+
+    # -- the talk around a conversation (places are `str(ConvKey)`)
+    async def keep_talk(self, row: TalkRow, keep: int) -> None:
+        """Add a row; the place keeps its newest `keep` rows of that kind."""
+    async def talk_of(self, place: str, message_id: str) -> TalkRow | None:
+        """The `said` or `aside` row of a message, if Tandem saw it."""
+    async def edit_talk(self, place: str, message_id: str, text: str) -> bool:
+        """Change a kept message's text; True if an aside no turn has read was changed."""
+    async def take_talk(self, places: Sequence[str]) -> list[TalkRow]:
+        """The asides, edits and deletions no turn has read yet, oldest first; from now
+        on they count as read."""
+    async def forget_talk(self, places: Sequence[str]) -> None:
+        """Drop everything kept about these places (`/new`)."""

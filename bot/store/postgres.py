@@ -26,6 +26,7 @@ from bot.core.history import (
 from bot.store import OPEN_KINDS, ApprovalRow, CallRow, ConvRow, TurnRow, Usage
 from bot.store.postgres_base import Conn, Row, conv_key, fetchone, migrate
 from bot.store.postgres_standing import PostgresStanding
+from bot.store.postgres_talk import PostgresTalk
 
 __all__ = ["PostgresStore", "migrate"]
 
@@ -90,7 +91,7 @@ async def _insert_step(conn: Conn, conv_id: int, session: int, msg: Msg, steps: 
     return stored
 
 
-class PostgresStore(PostgresStanding):
+class PostgresStore(PostgresStanding, PostgresTalk):
     """Conversations, history, turns, calls, approvals and inbound records."""
 
     # -- conversations ----------------------------------------------------------------

@@ -19,7 +19,7 @@ VERSION_TABLE = ("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRI
                  " applied_at DOUBLE PRECISION NOT NULL)")
 
 TABLES = ("schema_version", "conversations", "messages", "turns", "tool_calls", "approvals",
-          "rules", "inbound", "jobs", "processes", "summaries", "audit", "spend")
+          "rules", "inbound", "jobs", "processes", "summaries", "audit", "spend", "talk")
 
 MIGRATIONS: list[str] = [
     """
@@ -123,5 +123,17 @@ MIGRATIONS: list[str] = [
         day TEXT NOT NULL, scope TEXT NOT NULL, tokens BIGINT NOT NULL DEFAULT 0,
         cost DOUBLE PRECISION NOT NULL DEFAULT 0, lifted BOOLEAN NOT NULL DEFAULT FALSE,
         PRIMARY KEY (day, scope));
+    """,
+    # the talk around conversations: messages Tandem saw (for edits of them), group talk
+    # not addressed to it, and edits and deletions for the next turn
+    """
+    CREATE TABLE talk (
+        seq BIGSERIAL PRIMARY KEY, place TEXT NOT NULL, message_id TEXT NOT NULL,
+        kind TEXT NOT NULL, author_id TEXT NOT NULL, author TEXT NOT NULL,
+        outside BOOLEAN NOT NULL DEFAULT FALSE, text TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL, before TEXT NOT NULL DEFAULT '',
+        taken BOOLEAN NOT NULL DEFAULT FALSE);
+    CREATE INDEX talk_by_place ON talk (place, kind, seq);
+    CREATE INDEX talk_by_message ON talk (place, message_id);
     """,
 ]

@@ -32,6 +32,7 @@ from bot.store import (
 )
 from bot.store.sqlite_base import conv_key
 from bot.store.sqlite_standing import SQLiteStanding
+from bot.store.sqlite_talk import SQLiteTalk
 
 T = TypeVar("T")
 
@@ -88,7 +89,7 @@ def _insert_step(db: sqlite3.Connection, conv_id: int, session: int, msg: Msg, s
     return stored
 
 
-class SQLiteStore(SQLiteStanding):
+class SQLiteStore(SQLiteStanding, SQLiteTalk):
     """Conversations, history, turns, calls, approvals and inbound records."""
 
     # -- conversations ----------------------------------------------------------------

@@ -158,4 +158,15 @@ MIGRATIONS: list[str] = [
         cost REAL NOT NULL DEFAULT 0, lifted INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (day, scope));
     """,
+    # the talk around conversations: messages Tandem saw (for edits of them), group talk
+    # not addressed to it, and edits and deletions for the next turn
+    """
+    CREATE TABLE talk (
+        seq INTEGER PRIMARY KEY, place TEXT NOT NULL, message_id TEXT NOT NULL,
+        kind TEXT NOT NULL, author_id TEXT NOT NULL, author TEXT NOT NULL,
+        outside INTEGER NOT NULL DEFAULT 0, text TEXT NOT NULL, at REAL NOT NULL,
+        before TEXT NOT NULL DEFAULT '', taken INTEGER NOT NULL DEFAULT 0);
+    CREATE INDEX talk_by_place ON talk (place, kind, seq);
+    CREATE INDEX talk_by_message ON talk (place, message_id);
+    """,
 ]

@@ -26,7 +26,17 @@ import pytest
 from bot.core.errors import StoreConflict, StoreError, user_message
 from bot.core.events import ConvKey
 from bot.core.history import CallState, Media, Msg, Outcome, ToolCall, tool_result
-from bot.store import ApprovalRow, AuditRow, ConvRow, JobRow, Spent, Store, TurnRow, new_id
+from bot.store import (
+    ApprovalRow,
+    AuditRow,
+    ConvRow,
+    JobRow,
+    Spent,
+    Store,
+    TalkRow,
+    TurnRow,
+    new_id,
+)
 from bot.store.backends import open_store
 from bot.store.postgres import PostgresStore, migrate
 from bot.store.postgres_base import fail
@@ -1265,3 +1275,60 @@ async def test_spending_adds_up_per_day_and_scope_and_a_lift_is_kept(store: Stor
     spent = await store.spent("2026-12-03", ["conv:5", "conv:9"])
     assert spent == {"conv:5": Spent(100, 0.5, True), "conv:9": Spent(0, 0.0, True)}
     assert (await store.spent("2026-12-04", ["conv:5"])) == {}
+
+
+
+# -- the talk around conversations -----------------------------------------------------
+
+
+def talk(kind: str, message_id: str, text: str, *, place: str = "telegram:-5",
+         author: str = "Bob", outside: bool = False) -> TalkRow:
+    return TalkRow(place, message_id, kind, "u-" + author, author, outside, text, at=50.0)
+
+
+async def test_talk_keeps_the_newest_rows_of_each_kind_per_place(store: Store) -> None:
+    for n in range(5):
+        await store.keep_talk(talk("aside", f"a{n}", f"aside {n}", outside=n == 4), keep=3)
+    await store.keep_talk(talk("said", "s1", "to Tandem"), keep=3)
+    await store.keep_talk(talk("aside", "x", "elsewhere", place="telegram:-6"), keep=3)
+
+    taken = await store.take_talk(["telegram:-5"])
+
+    assert [r.text for r in taken] == ["aside 2", "aside 3", "aside 4"]  # the said row stays
+    assert [r.outside for r in taken] == [False, False, True]
+    assert taken[0] == talk("aside", "a2", "aside 2")
+    assert await store.take_talk(["telegram:-5"]) == []  # read once
+    assert await store.talk_of("telegram:-5", "s1") == talk("said", "s1", "to Tandem")
+    assert await store.talk_of("telegram:-5", "a0") is None  # pruned
+    assert [r.text for r in await store.take_talk(["telegram:-6", "telegram:-5"])] \
+        == ["elsewhere"]
+
+
+async def test_an_edit_changes_an_unread_aside_and_the_text_of_a_message_tandem_saw(
+        store: Store) -> None:
+    await store.keep_talk(talk("said", "s1", "draft"), keep=10)
+    await store.keep_talk(talk("aside", "a1", "teh plan"), keep=10)
+    await store.keep_talk(talk("aside", "a2", "read already"), keep=10)
+    await store.take_talk(["telegram:-5"])
+    await store.keep_talk(talk("aside", "a3", "unread"), keep=10)
+
+    assert await store.edit_talk("telegram:-5", "a3", "unread, fixed") is True
+    assert await store.edit_talk("telegram:-5", "a2", "changed late") is False
+    assert await store.edit_talk("telegram:-5", "s1", "final") is False
+    assert await store.edit_talk("telegram:-5", "nope", "x") is False
+
+    said = await store.talk_of("telegram:-5", "s1")
+    assert said is not None and said.text == "final"
+    assert [r.text for r in await store.take_talk(["telegram:-5"])] == ["unread, fixed"]
+
+
+async def test_forgetting_a_place_drops_all_it_kept(store: Store) -> None:
+    await store.keep_talk(talk("said", "s1", "hi"), keep=10)
+    await store.keep_talk(talk("edit", "s1", "hello", author="Dana"), keep=10)
+    await store.keep_talk(talk("aside", "a1", "kept", place="telegram:-6"), keep=10)
+
+    await store.forget_talk(["telegram:-5"])
+
+    assert await store.talk_of("telegram:-5", "s1") is None
+    assert await store.take_talk(["telegram:-5"]) == []
+    assert len(await store.take_talk(["telegram:-6"])) == 1
