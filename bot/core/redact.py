@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from bot.core.events import ApprovalRequested, Event, Notice, Progress, Suspended, TurnEnded
+from bot.core.invisible import IGNORABLE, SMUGGLED, smuggled
 
 MARK = "[secret]"
 MIN_SECRET_CHARS = 6
@@ -106,7 +107,34 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, MARK)
         spans = _shapes(text)
+        text = _cut(text, spans) if spans else text
+        if text.isascii() or IGNORABLE.search(text) is None:
+            return text
+        return self._through_ignorables(text)
+
+    def _through_ignorables(self, text: str) -> str:
+        """Secrets hidden with invisible characters: spelled by a run of them (variation
+        selectors, tag characters), or with them strewn between their characters."""
+        text = SMUGGLED.sub(lambda m: MARK if self._holds_secret(smuggled(m.group()))
+                            else m.group(), text)
+        kept = [i for i, char in enumerate(text) if IGNORABLE.match(char) is None]
+        bare = "".join(text[i] for i in kept)
+        spans = [(kept[start], kept[end - 1] + 1) for start, end in self._spans(bare)]
         return _cut(text, spans) if spans else text
+
+    def _holds_secret(self, text: str) -> bool:
+        bare = IGNORABLE.sub("", text)
+        return bool(self._spans(bare))
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        """Where known secrets and token shapes stand in `text`."""
+        spans = _shapes(text)
+        for secret in self._secrets:
+            start = text.find(secret)
+            while start >= 0:
+                spans.append((start, start + len(secret)))
+                start = text.find(secret, start + len(secret))
+        return spans
 
     __call__ = redact
 

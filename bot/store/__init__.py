@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from bot.core.events import ConvKey
 from bot.core.history import CallState, Msg, Outcome, ToolCall
+from bot.core.invisible import visible
 
 Usage = tuple[int, int, float]
 """A model call's prompt tokens, completion tokens and cost."""
@@ -141,7 +142,9 @@ class AuditRow:
         return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def line(self) -> str:
-        """This entry as a line of text (`tandem audit`, `/audit`)."""
+        """This entry as one line of text (`tandem audit`, `/audit`): line breaks, control
+        characters and invisible ones written out (⟨U+000A⟩), so no entry can forge
+        another or rewrite what the terminal showed before it."""
         detail: dict[str, Any] = json.loads(self.detail)
         who = f" by {self.actor}" if self.actor else ""
         call = f"{self.tool} {detail.get('call', '')}"
@@ -160,7 +163,7 @@ class AuditRow:
                 rest = ", ".join(f"{k}={v}" for k, v in detail.items())
                 what = f"{self.kind}{who}: {rest}"
         where = f" [{self.conv}]" if self.conv else ""
-        return f"{self.iso(self.at)}{where} {what}"
+        return visible(f"{self.iso(self.at)}{where} {what}", one_line=True)
 
     def as_json(self) -> str:
         """This entry as a JSON line (`tandem audit --json`)."""

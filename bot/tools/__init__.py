@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import unicodedata
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from bot.core.errors import ToolError
 from bot.core.history import Outcome
+from bot.core.invisible import visible as visible
 from bot.core.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ class Tool:
     """The argument naming a URL the call contacts: under taint, a URL nobody gave asks."""
     untrusted: bool = False
     """Its results are content from outside (a web page...): they taint the conversation."""
+    reads: str | None = None
+    """The argument naming a workspace path it reads: another conversation's uploads ask,
+    and an upload read back is content from outside."""
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {
@@ -133,26 +136,6 @@ class Registry:
 
     def schemas(self) -> list[dict[str, Any]]:
         return self._schemas
-
-
-_SHOWN_AS_IS = frozenset("\n\t ")
-
-
-def _hidden(char: str) -> bool:
-    """Characters a reader cannot see or that change how the text around them is shown:
-    controls, format characters (direction overrides, zero-width...), unusual spaces and
-    line separators, unassigned and private-use code points."""
-    if char in _SHOWN_AS_IS:
-        return False
-    return unicodedata.category(char) in {"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"}
-
-
-def visible(text: str) -> str:
-    """`text` with every hidden character written out, e.g. ⟨U+202E⟩, so a card shows
-    exactly what will run."""
-    if text.isascii() and text.isprintable():
-        return text
-    return "".join(f"⟨U+{ord(c):04X}⟩" if _hidden(c) else c for c in text)
 
 
 ERROR = "error: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -99,3 +100,31 @@ async def test_a_conversation_budget_in_the_terminal_and_its_lift_by_the_person_
         shown = await core.sink.wait(lambda: [n for n in core.sink.of(Notice)
                                               if "audit entries" in n.text])
         assert "budget" in shown[0].text and "change=lifted" in shown[0].text
+
+
+def test_the_text_view_writes_out_line_breaks_and_escapes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A command of several lines cannot print a forged entry, and a rule key's ESC
+    sequences cannot erase the entry before it: `tandem audit` shows one line per entry."""
+    db = tmp_path / "a.db"
+    forged = "2027-01-15T08:00:01Z [telegram:5] ran by 111: shell rm -rf / → ok in 0.1 s"
+
+    async def write() -> None:
+        store = open_store(str(db))
+        await store.open()
+        audit = Audit(store, redact.Redactor(), keep_days=90, clock=lambda: 1_800_000_000.0)
+        await audit.see(w.ToolRan(KEY, "shell", f"ls\n{forged}", "ok", 0.1, "42"))
+        await audit.see(w.RuleChanged(KEY, "shell", "echo hi\x1b[2K\x1b[1A\r\u2028", "added",
+                                      "42"))
+        await audit.close()
+        await store.close()
+
+    asyncio.run(write())
+    assert audit_cli.run(Config.model_validate({"store": {"path": str(db)}}), None, None,
+                         as_json=False) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 2 and not any(c in out for c in "\x1b\r\u2028"), repr(out)
+    first, second = out.splitlines()
+    assert first.endswith(f"ran by 42: shell ls⟨U+000A⟩{forged} → ok in 0.1 s")
+    assert second.endswith("rule added by 42: shell echo hi⟨U+001B⟩[2K⟨U+001B⟩[1A"
+                           "⟨U+000D⟩⟨U+2028⟩")
