@@ -7,6 +7,9 @@ command that prints gigabytes costs Tandem about the limit in memory. An output 
 fits goes whole to the runner, which redacts it, then caps it; a longer one is cut here,
 each kept end redacted so that no secret the cut splits shows a part (`Redactor.head`,
 `Redactor.tail`), and the result fits the limit: the runner has nothing left to cut.
+
+With `tools.shell.sandbox: bwrap` the command runs in the sandbox (`bot.tools.sandbox`),
+without the network unless the call says `network: true`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any, BinaryIO
 from bot.core.errors import ToolError
 from bot.core.redact import SECRET_NAME as _SECRET_NAME
 from bot.core.redact import Redactor
-from bot.tools import ERROR, Tool, ToolContext, cut_note, require_str
+from bot.core.tools_config import ShellConfig
+from bot.tools import ERROR, Tool, ToolContext, cut_note, require_str, sandbox
 
 SECRET_NAME = re.compile(rf"{_SECRET_NAME.pattern}|^TANDEM_", re.IGNORECASE)
 SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
@@ -85,11 +89,24 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def start(ctx: ToolContext, command: str, output: int) -> asyncio.subprocess.Process:
-    """`command` started under its supervisor, `output` its stdout and stderr (a pipe of
-    Tandem's own: the process's exit never waits for that pipe to be read)."""
+def wrapper(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
+    """The supervisor's limits and the sandbox's command line (nothing: no sandbox)."""
+    config = ctx.extras.get("shell")
+    if not isinstance(config, ShellConfig) or not sandbox.enabled(config):
+        return []
+    persona, store = ctx.extras.get("persona_dir"), ctx.extras.get("store_dir")
+    hide = sandbox.hidden(ctx.protected, config, *(Path(p) for p in (persona, store) if p))
+    return [sandbox.limits(config), *sandbox.argv(
+        config, ctx.workspace, ctx.env, network=sandbox.wants_network(args), hide=hide)]
+
+
+async def start(ctx: ToolContext, command: str, output: int,
+                wrap: list[str] | None = None) -> asyncio.subprocess.Process:
+    """`command` started under its supervisor (in the sandbox `wrap` gives), `output` its
+    stdout and stderr (a pipe of Tandem's own: the process's exit never waits for that
+    pipe to be read)."""
     spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-        sys.executable, "-S", "-I", SUPERVISOR, command, str(os.getpid()),
+        sys.executable, "-S", "-I", SUPERVISOR, command, str(os.getpid()), *(wrap or []),
         cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
         stdout=output, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
     ))
@@ -125,7 +142,7 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> str:
     read_end, write_end = os.pipe()
     with os.fdopen(read_end, "rb", buffering=0) as pipe:  # an open pipe: nothing blocks
         try:
-            proc = await start(ctx, command, write_end)
+            proc = await start(ctx, command, write_end, wrapper(ctx, args))
         finally:
             os.close(write_end)  # the command's copies are the only ones left
         track = ctx.extras.get("track_process")
@@ -165,3 +182,16 @@ TOOLS = [
          {"type": "object", "properties": {"command": {"type": "string"}},
           "required": ["command"]}, shell, policy="ask", summary_key="command", lasting=True),
 ]
+SANDBOXED = Tool(
+    "shell", "Run a shell command in the workspace and return its output. It runs in a "
+    "sandbox: only the workspace is writable, /tmp is private, and there is no network "
+    "unless `network` is true (which may need a person's approval).",
+    {"type": "object", "properties": {
+        "command": {"type": "string"},
+        "network": {"type": "boolean", "description": "Run with the network (default false)."}},
+     "required": ["command"]}, shell, policy="ask", summary_key="command", lasting=True)
+
+
+def tools(config: ShellConfig | None = None) -> list[Tool]:
+    """The shell as `tools.shell` configures it (with `network` when it is sandboxed)."""
+    return [SANDBOXED] if sandbox.enabled(config) else TOOLS
