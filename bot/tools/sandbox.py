@@ -65,12 +65,15 @@ def limits(config: ShellConfig) -> str:
     return ",".join(parts)
 
 
-def hidden(protected: Iterable[Path], config: ShellConfig, *more: Path | None) -> list[Path]:
+def hidden(protected: Iterable[Path], config: ShellConfig, workspace: Path,
+           *folders: Path) -> list[Path]:
     """What the sandbox shows empty: Tandem's protected files (config, `.env`, database),
-    `more` (the persona and the database's folders) and `tools.shell.hide`."""
-    paths = [*protected, *(p for p in more if p is not None),
-             *(Path(p).expanduser() for p in config.hide)]
-    return [p.resolve() for p in paths]
+    `folders` (the persona's and the database's, unless the workspace is in one) and
+    `tools.shell.hide`."""
+    ws = workspace.resolve()
+    kept = [f.resolve() for f in folders if not ws.is_relative_to(f.resolve())]
+    return [*(p.resolve() for p in protected), *kept,
+            *(Path(p).expanduser().resolve() for p in config.hide)]
 
 
 def argv(config: ShellConfig, workspace: Path, env: dict[str, str], *, network: bool,
@@ -91,12 +94,18 @@ def argv(config: ShellConfig, workspace: Path, env: dict[str, str], *, network: 
     out += ["--chdir", str(ws), "--unshare-user", "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", *([] if network else ["--unshare-net"]),
             "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
-    kept = {k: env[k] for k in KEPT_ENV if k in env}
-    kept.setdefault("PATH", DEFAULT_PATH)
-    kept |= {"HOME": str(ws), "TMPDIR": "/tmp"}
-    for key, value in kept.items():
+    for key, value in environment(ws, env).items():
         out += ["--setenv", key, value]
     return [*out, "--"]
+
+
+def environment(workspace: Path, env: dict[str, str]) -> dict[str, str]:
+    """The command's whole environment (and bwrap's own, which its /proc shows): the
+    search path, the locale, the terminal and the time zone of `env`, the workspace as
+    home, and /tmp."""
+    kept = {k: env[k] for k in KEPT_ENV if k in env}
+    kept.setdefault("PATH", DEFAULT_PATH)
+    return kept | {"HOME": str(workspace.resolve()), "TMPDIR": "/tmp"}
 
 
 def _masks(ws: Path, paths: list[Path]) -> list[tuple[str, Path]]:

@@ -95,7 +95,8 @@ def wrapper(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
     if not isinstance(config, ShellConfig) or not sandbox.enabled(config):
         return []
     persona, store = ctx.extras.get("persona_dir"), ctx.extras.get("store_dir")
-    hide = sandbox.hidden(ctx.protected, config, *(Path(p) for p in (persona, store) if p))
+    hide = sandbox.hidden(ctx.protected, config, ctx.workspace,
+                          *(Path(p) for p in (persona, store) if p))
     return [sandbox.limits(config), *sandbox.argv(
         config, ctx.workspace, ctx.env, network=sandbox.wants_network(args), hide=hide)]
 
@@ -105,9 +106,10 @@ async def start(ctx: ToolContext, command: str, output: int,
     """`command` started under its supervisor (in the sandbox `wrap` gives), `output` its
     stdout and stderr (a pipe of Tandem's own: the process's exit never waits for that
     pipe to be read)."""
+    env = sandbox.environment(ctx.workspace, ctx.env) if wrap else ctx.env  # bwrap's too
     spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
         sys.executable, "-S", "-I", SUPERVISOR, command, str(os.getpid()), *(wrap or []),
-        cwd=ctx.workspace, env=ctx.env, stdin=asyncio.subprocess.DEVNULL,
+        cwd=ctx.workspace, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=output, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
     ))
     try:
