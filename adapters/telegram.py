@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from telegram import BotCommand, CallbackQuery, MaybeInaccessibleMessage, Message, Update
+from telegram import BotCommand, Update
 from telegram import User as TgUser
 from telegram.constants import ChatType
 from telegram.error import InvalidToken, NetworkError, TelegramError
@@ -39,12 +39,22 @@ from adapters.telegram_api import AiohttpRequest, BotApi, Posted
 from adapters.telegram_chat import PLATFORM, TelegramChat
 from adapters.telegram_check import check, check_token
 from adapters.telegram_files import MEDIA, TelegramFiles, attachments
-from adapters.telegram_inbound import addressed, buttons_of, conv_of, for_me, shows_only, user_of
+from adapters.telegram_inbound import (
+    addressed,
+    aside_of,
+    buttons_of,
+    conv_of,
+    edit_of,
+    for_me,
+    item_of,
+    user_of,
+)
+from adapters.telegram_replies import answer, card_of, reply
 from adapters.telegram_webhook import ALLOWED_UPDATES, WebhookServer
 from bot.core.buttons import STALE, ApprovalButton, CancelButton, ItemButton, unpack
 from bot.core.config import Config
 from bot.core.errors import ConfigError, TandemError, user_message
-from bot.core.events import Cancel, Command, ConvKey, Decision, Event, User, UserMessage
+from bot.core.events import Cancel, Command, ConvKey, Decision, Event, User
 from bot.run.app import Dispatch
 from bot.serve.hub import Hub
 
@@ -53,7 +63,7 @@ log = logging.getLogger(__name__)
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
-            ("approvals", "Standing approval rules here"),
+            ("rules", "Standing approval rules here"),
             ("audit", "Latest audit entries here (approvers)")]
 
 
@@ -86,6 +96,8 @@ class TelegramAdapter(EdgeTimings):
             typing_delay=typing_delay, typing_interval=typing_interval)
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE & (filters.TEXT | MEDIA),
                                             self._on_message))
+        self.app.add_handler(MessageHandler(filters.UpdateType.EDITED_MESSAGE & filters.TEXT,
+                                            self._on_edit))
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_error)
         self.username, self.bot_id = "", 0
@@ -176,13 +188,12 @@ class TelegramAdapter(EdgeTimings):
         log.error("Telegram: handling an update failed", exc_info=context.error)
         message = update.effective_message if isinstance(update, Update) else None
         if isinstance(context.error, TandemError) and message is not None:
-            await self._reply(message, user_message(context.error))
+            await reply(message, user_message(context.error))
 
     # -- inbound ----------------------------------------------------------------------
 
     def _stranger(self, note: str | None, user: User) -> bool:
-        """A refusal's note says the hub refused the user (not on the allowed list), rather
-        than this item."""
+        """The note says the hub refused the user (not on the allowed list), not the item."""
         return note is not None and note == self.hub.access.refusal(PLATFORM, user)
 
     def _served(self, user: TgUser) -> None:
@@ -198,12 +209,15 @@ class TelegramAdapter(EdgeTimings):
         raw = message.text if message.text is not None else message.caption
         if not isinstance(raw, str | None) or (raw is None and not files):
             return  # not something a real client sends: ignore
-        raw = raw or ""
+        raw, ref = raw or "", f"tg:{update.update_id}"
+        conv, user = conv_of(message), user_of(sender)
+        text = render.strip_mention(raw, self.username)
         if message.chat.type != ChatType.PRIVATE and self.config.telegram.groups.require_mention \
                 and not addressed(message, raw, self.username, self.bot_id):
+            if self.config.telegram.groups.context:  # kept as context, never answered
+                async with self.edge.lock(conv):
+                    await self.hub.submit(aside_of(message, conv, user, text, ref, self.bot_id))
             return
-        conv, user = conv_of(message), user_of(sender)
-        text, ref = render.strip_mention(raw, self.username), f"tg:{update.update_id}"
         command = render.parse_command(text)
         if command is not None and not for_me(command[2], self.username):
             return
@@ -212,24 +226,25 @@ class TelegramAdapter(EdgeTimings):
                 receipt = await self.hub.cancel(Cancel(conv, user, ref))
             else:
                 self.chat.heard(ref, message.chat.id, message.message_id)
-                item = Command(conv, user, command[0], command[1], ref=ref) if command \
-                    else UserMessage(conv, user, text, ref=ref, attachments=files)
-                receipt = await self.hub.submit(item)
+                receipt = await self.hub.submit(
+                    item_of(message, conv, user, text, ref, files, self.bot_id))
                 if not receipt.accepted and self._stranger(receipt.note, user):
                     self.chat.recent.pop(ref, None)
         if receipt.accepted:
             self._served(sender)
         elif receipt.note and self._stranger(receipt.note, user):
             if self.edge.first_time(conv.chat_id, user.id):  # the hub logs the refusal
-                await self._reply(message, receipt.note)
+                await reply(message, receipt.note)
         elif receipt.note:
-            await self._reply(message, receipt.note)
+            await reply(message, receipt.note)
 
-    async def _reply(self, message: Message, text: str) -> None:
-        try:
-            await message.reply_text(text, do_quote=False)
-        except TelegramError:
-            log.warning("Telegram: could not reply in chat %s", message.chat.id, exc_info=True)
+    async def _on_edit(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
+        """An edit: the core decides what it changes (`bot.serve.talk`)."""
+        message = update.edited_message
+        item = edit_of(message, self.username, f"tg:{update.update_id}") if message else None
+        if item is not None:
+            async with self.edge.lock(item.conv):
+                await self.hub.submit(item)
 
     async def _on_callback(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         query = update.callback_query
@@ -238,15 +253,16 @@ class TelegramAdapter(EdgeTimings):
         data = unpack(query.data or "")
         message = query.message
         if data is None or message is None:
-            await self._answer(query, STALE, alert=True)
+            await answer(query, STALE, alert=True)
             return
         conv, user = conv_of(message), user_of(query.from_user)
         ref = f"tg:cb:{query.id}"
         match data:
             case ApprovalButton(approval_id, verdict):
                 receipt = await self.hub.submit(Decision(conv, user, approval_id, verdict, ref))
-                if receipt.accepted:  # the requester or an approver, in the card's chat
-                    await self._learn_card(message, approval_id)
+                if receipt.accepted and not self.edge.cards.known(approval_id) \
+                        and (card := card_of(message, self.bot_id, approval_id)) is not None:
+                    await self.edge.cards.learn(approval_id, card)  # the press's own card
             case CancelButton(turn):
                 receipt = await self.hub.cancel(Cancel(conv, user, ref, turn))
                 if receipt.accepted and (query.data or "") in buttons_of(message, self.bot_id) \
@@ -263,26 +279,10 @@ class TelegramAdapter(EdgeTimings):
                 note = await self.edge.settled(conv, user.id)
                 alert = bool(note)
         # refused (a stranger too: the hub's text with their id): an alert, every press
-        await self._answer(query, note, alert=alert)
+        await answer(query, note, alert=alert)
 
     def _live_here(self, conv: ConvKey, message_id: int) -> bool:
         return self.edge.turns.shows(conv, lambda ref: ref.message_id == message_id)
-
-    async def _learn_card(self, message: MaybeInaccessibleMessage, approval_id: str) -> None:
-        """After a restart a card is known only from a decision the hub took, pressed on
-        it: only a message showing this approval's buttons is its card."""
-        if self.edge.cards.known(approval_id) or not isinstance(message, Message) \
-                or not message.text or not shows_only(message, self.bot_id, approval_id):
-            return
-        await self.edge.cards.learn(approval_id, {
-            "chat": message.chat.id, "message_id": message.message_id,
-            "html": message.text_html})
-
-    async def _answer(self, query: CallbackQuery, text: str | None, *, alert: bool) -> None:
-        try:
-            await query.answer(text[:200] if text else None, show_alert=alert)
-        except TelegramError:
-            log.warning("Telegram: could not answer a button press", exc_info=True)
 
     # -- outbound ---------------------------------------------------------------------
 

@@ -8,13 +8,31 @@ any data on any message, but never changes the message).
 
 from __future__ import annotations
 
-from telegram import MaybeInaccessibleMessage, Message
+from telegram import (
+    MaybeInaccessibleMessage,
+    Message,
+    MessageOrigin,
+    MessageOriginChannel,
+    MessageOriginChat,
+    MessageOriginHiddenUser,
+    MessageOriginUser,
+)
 from telegram import User as TgUser
 from telegram.constants import ChatType, MessageEntityType
 
 from adapters import telegram_render as render
 from bot.core.buttons import ApprovalButton, unpack
-from bot.core.events import ConvKey, User
+from bot.core.events import (
+    Aside,
+    Attachment,
+    Command,
+    ConvKey,
+    Edit,
+    Inbound,
+    Quote,
+    User,
+    UserMessage,
+)
 
 PLATFORM = "telegram"
 
@@ -70,3 +88,82 @@ def shows_only(message: MaybeInaccessibleMessage, bot_id: int, approval_id: str)
     buttons = [unpack(data) for data in buttons_of(message, bot_id)]
     return bool(buttons) and all(isinstance(b, ApprovalButton) and
                                  b.approval_id == approval_id for b in buttons)
+
+
+# -- what a message carries besides its words --------------------------------------------
+
+
+def _text(message: Message) -> str:
+    text = message.text if message.text is not None else message.caption
+    return text if isinstance(text, str) else ""
+
+
+def _origin(origin: MessageOrigin) -> Quote:
+    """Where a forward or an external reply came from."""
+    match origin:
+        case MessageOriginUser(sender_user=sender) if not sender.is_bot:
+            return Quote("", user_of(sender))
+        case MessageOriginUser(sender_user=sender):
+            return Quote("", None, origin=f"the bot {sender.first_name}")
+        case MessageOriginHiddenUser(sender_user_name=name):
+            return Quote("", None, origin=f"{name} (who hides their account)")
+        case MessageOriginChat(sender_chat=chat) | MessageOriginChannel(chat=chat):
+            return Quote("", None, origin=f"the chat {chat.title or chat.id}")
+    return Quote("", None)
+
+
+def quote_of(message: Message, bot_id: int) -> Quote | None:
+    """The message this one replies to (or the part of it quoted), with its author: a
+    message of Tandem's, a person (whose access the core decides), or another sender."""
+    reply, external = message.reply_to_message, message.external_reply
+    part = message.quote.text if message.quote is not None else None
+    if reply is not None and reply.forum_topic_created is None:
+        text = part or _text(reply) or "(a message without text)"
+        sender = reply.from_user
+        if reply.sender_chat is not None:
+            return Quote(text, None, origin=f"the chat {reply.sender_chat.title or ''}".strip())
+        if sender is not None and sender.id == bot_id:
+            return Quote(text, None, by_tandem=True)
+        if sender is None or sender.is_bot:
+            name = sender.first_name if sender is not None else "an unknown sender"
+            return Quote(text, None, origin=f"the bot {name}" if sender else name)
+        return Quote(text, user_of(sender))
+    if external is not None:
+        found = _origin(external.origin)
+        return Quote(part or "(a message in another chat)", found.author, origin=found.origin)
+    return None
+
+
+def forward_of(message: Message) -> Quote | None:
+    return _origin(message.forward_origin) if message.forward_origin is not None else None
+
+
+def item_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,
+            files: tuple[Attachment, ...], bot_id: int) -> Inbound:
+    """A message for Tandem as the core's item: a command or a message."""
+    command = render.parse_command(text)
+    if command is not None:
+        return Command(conv, user, command[0], command[1], ref=ref)
+    return UserMessage(conv, user, text, ref=ref, attachments=files,
+                       message_id=str(message.message_id), quote=quote_of(message, bot_id),
+                       forwarded=forward_of(message))
+
+
+def aside_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,
+             bot_id: int) -> Aside:
+    """Group talk not addressed to Tandem, kept as context."""
+    forward = forward_of(message)
+    if forward is not None:
+        text = f"(forwarded from {forward.author.name if forward.author else forward.origin}) " \
+               + text
+    return Aside(conv, user, text or "(a file)", str(message.message_id),
+                 quote_of(message, bot_id), ref)
+
+
+def edit_of(message: Message, username: str, ref: str) -> Edit | None:
+    """An edited message as the core's `Edit` (None without a person or text)."""
+    sender = message.from_user
+    if sender is None or sender.is_bot or not isinstance(sender.id, int):
+        return None
+    text = render.strip_mention(_text(message), username)
+    return Edit(conv_of(message), user_of(sender), str(message.message_id), text, ref=ref)

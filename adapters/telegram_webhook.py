@@ -33,7 +33,7 @@ from bot.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-ALLOWED_UPDATES = ["message", "callback_query"]
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 

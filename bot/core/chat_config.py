@@ -53,7 +53,16 @@ SlackUser = Annotated[str, _user_id("slack", wildcard=True)]
 SlackApprover = Annotated[str, _user_id("slack", wildcard=False)]
 
 
-class TelegramGroups(Section):
+class Groups(Section):
+    """How Tandem takes part in groups and channels."""
+
+    context: int = Field(default=0, ge=0, le=500)
+    """Keep the last N messages that were not addressed to Tandem (with their authors),
+    and give those since its last answer there to the model when it is next addressed;
+    0 keeps none. Telegram shows a bot these only with privacy mode off (BotFather)."""
+
+
+class TelegramGroups(Groups):
     require_mention: bool = True
 
 
@@ -116,3 +125,4 @@ class SlackConfig(Section):
     """Stream answers with Slack's chat streams (`chat.startStream`); where Slack refuses,
     or false, a message updated about once a second."""
     assistant: SlackAssistant = Field(default_factory=SlackAssistant)
+    groups: Groups = Field(default_factory=Groups)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -23,6 +24,22 @@ MESSAGE_OVERHEAD_TOKENS = 4
 THREAD_CONTEXT = "[Earlier in this thread]"
 """Opens a user message that carries earlier messages of a thread (read from the platform,
 written by anyone there: content from outside)."""
+
+OUTSIDE_OPEN = "⟦outside content: "
+OUTSIDE_CLOSE = "⟦end of outside content⟧"
+OUTSIDE = re.compile(r"⟦outside content: ([^⟧\n]*)⟧\n(.*?)\n⟦end of outside content⟧", re.S)
+"""Words in a user's message that are not an allowed user's own (a quote of someone
+else, a forward, group talk of a member who is not allowed): marked where they stand, so
+that the model never takes them for the sender's, and the taint rule finds them."""
+
+
+def outside(label: str, text: str) -> str:
+    """`text` marked as content from outside, described by `label` (the marks themselves
+    cannot be forged from inside: their brackets are replaced)."""
+    def plain(value: str) -> str:
+        return value.replace("⟦", "[").replace("⟧", "]")
+
+    return f"{OUTSIDE_OPEN}{plain(label).replace(chr(10), ' ')}⟧\n{plain(text)}\n{OUTSIDE_CLOSE}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,11 @@ import logging
 from typing import Any, Protocol
 
 from bot.core.events import (
+    Aside,
     Cancel,
     ConvKey,
     Decision,
+    Edit,
     Event,
     Inbound,
     Queued,
@@ -24,8 +26,10 @@ from bot.core.events import (
 )
 from bot.core.watch import Refused
 from bot.media.receive import Receiver
+from bot.serve import permissions
 from bot.serve.access import Access
 from bot.serve.intake import Intake, Receipt
+from bot.serve.permissions import Action, may
 from bot.serve.recovery import recover
 from bot.serve.scheduler import Scheduler
 from bot.serve.worker import LanesFactory, Worker
@@ -82,6 +86,8 @@ class Hub:
         """Take one inbound; returns at once (the work runs on the conversation's lane)."""
         if self.lanes.closing:
             return Receipt(False, "Tandem is shutting down.")
+        if isinstance(item, Aside):  # anyone's group talk, kept as context, never answered
+            return Receipt(await self.intake.talk.aside(item))
         receipt = await self.intake.accept(item)
         if not receipt.accepted and not receipt.duplicate:
             await self._refused(item, "access", receipt.note)
@@ -100,8 +106,12 @@ class Hub:
                 await self.d.store.mark_inbound_done([item.ref])
             await self._refused(item, "press", refusal)
             return Receipt(False, refusal)
-        if isinstance(item, UserMessage) and self.lanes.running(item.conv):
-            await self.d.emit(Queued(item.conv, item.ref))
+        if isinstance(item, Edit) and await self.intake.talk.edited(item):
+            return receipt  # nothing for the conversation's lane to do
+        if isinstance(item, UserMessage):
+            await self.intake.talk.said(item)
+            if self.lanes.running(item.conv):
+                await self.d.emit(Queued(item.conv, item.ref))
         await self.lanes.submit(item.conv, item)
         return Receipt(True)
 
@@ -111,10 +121,23 @@ class Hub:
         if (refusal := self.access.check(item)) is not None:
             await self._refused(item, "access", refusal)
             return Receipt(False, refusal)
+        if not may(self.access, item.user, Action.STOP, item.conv,
+                   await self._running_for(item.conv)):
+            await self._refused(item, "stop", permissions.refusal(Action.STOP))
+            return Receipt(False, permissions.refusal(Action.STOP))
         if await self.lanes.cancel_anywhere(item.conv, item.turn):
             return Receipt(True, "Cancelling…")
         self.lanes.put(item.conv, item)  # a turn waiting for a human, or nothing at all
         return Receipt(True)
+
+    async def _running_for(self, key: ConvKey) -> str | None:
+        """Whose turn runs or waits in `key` (None: no turn; anyone may stop nothing)."""
+        conv = self.convs.cached(key)
+        if conv is not None and not self.lanes.shared:
+            return conv.turn.requester if conv.turn is not None else None
+        row = await self.d.store.conversation(key)
+        turn = await self.d.store.last_turn(row.id, row.session)
+        return turn.requester if turn is not None and turn.status != "done" else None
 
     async def _refused(self, item: Inbound, what: str, why: str | None) -> None:
         user = getattr(item, "user", None)

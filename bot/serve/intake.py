@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bot.core.config import Config
 from bot.core.events import (
@@ -24,16 +25,21 @@ from bot.core.events import (
     Cancel,
     ConvKey,
     Decision,
+    Edit,
     Inbound,
+    Quote,
     Trigger,
     User,
     UserMessage,
     Verdict,
 )
+from bot.core.file_modes import private_dir, write_private
 from bot.core.history import THREAD_CONTEXT, Said
 from bot.llm.senses import Senses
+from bot.media import INBOX, conversation_folder
 from bot.media.receive import Received, Receiver
 from bot.serve.access import Access
+from bot.serve.talk import Talk
 from bot.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,23 +49,26 @@ PREVIEW_CHARS = 4000
 EMPTY = "Your message was empty, so there is nothing to answer. Send some text."
 
 
-def intake(text: str, config: Config) -> tuple[str, str | None]:
-    """(text for the model, note for the user or None)."""
+def intake(text: str, config: Config, conv: ConvKey) -> tuple[str, str | None]:
+    """(text for the model, note for the user or None). A message too long for the model
+    is kept whole in the conversation's own `inbox/` folder, private (0600 in 0700)."""
     text = _CONTROL.sub("", text.replace("\r\n", "\n")).strip()
     if not text:
         return "", EMPTY
     limit = config.limits.max_message_chars
     if len(text) <= limit:
         return text, None
-    folder = Path(config.workspace.dir) / "inbox"
-    folder.mkdir(parents=True, exist_ok=True)
+    workspace = Path(config.workspace.dir)
+    where = f"{INBOX}/{conversation_folder(conv)}"
+    folder = private_dir(workspace / where, below=workspace)
     name = f"message-{time.time_ns()}.txt"
-    (folder / name).write_text(text, encoding="utf-8")
+    write_private(folder / name, text.encode("utf-8"))
+    saved = f"{where}/{name}"
     note = (f"Your message has {len(text):,} characters, more than the {limit:,} Tandem "
-            f"passes to the model at once. It is saved whole as inbox/{name} in the "
+            f"passes to the model at once. It is saved whole as {saved} in the "
             "workspace; the model sees the start and can read the rest from that file.")
     model_text = (f"{text[:PREVIEW_CHARS]}\n\n[The message continues: {len(text):,} characters "
-                  f"in all, saved as inbox/{name} in the workspace; use read_file to read it.]")
+                  f"in all, saved as {saved} in the workspace; use read_file to read it.]")
     return model_text, note
 
 
@@ -79,6 +88,7 @@ class Intake:
         self.store = store
         self.access = access
         self.receiver = receiver or Receiver(config, {}, Senses(config.llm, config.media))
+        self.talk = Talk(config, store, access)
 
     async def accept(self, item: Inbound) -> Receipt:
         """Access, then record: a refusal, a duplicate (refused, no note), or accepted."""
@@ -95,29 +105,32 @@ class Intake:
     async def said(self, batch: Sequence[UserMessage]) -> tuple[list[Said], list[str]]:
         """(what each message says to the model, labelled with its author, with the media
         it brought; notes for the user)."""
-        said, notes = [], []
+        said: list[Said] = []
+        notes: list[str] = []
+        around = await self.talk.since_last(batch)
         for message in batch:
             got = await self.receiver.receive(message) if message.attachments else Received()
             notes += got.notes
-            text, note = intake(message.text, self.config)
+            text, note = intake(message.text, self.config, message.conv)
             if note and not (note is EMPTY and message.attachments):
                 notes.append(note)
             words = "\n".join(filter(None, [text, *got.lines]))
             if not words and not got.media:
                 continue
-            author = message.user.name or message.user.id
             context = (f"{THREAD_CONTEXT}\n{message.context}\n\n"
                        if message.context else "")
-            said.append((f"{context}[{author}] {words}", tuple(got.media)))
+            if not said:
+                context += around
+            said.append((context + self.talk.words(message, words), tuple(got.media)))
         return said, notes
 
 
 def encode_inbound(item: Inbound) -> tuple[str, str]:
     match item:
         case UserMessage():
-            return "message", json.dumps({"conv": asdict(item.conv), "user": asdict(item.user),
-                                          "text": item.text, "context": item.context,
-                                          "attachments": [asdict(a) for a in item.attachments]})
+            return "message", json.dumps(asdict(item))
+        case Edit():
+            return "edit", json.dumps(asdict(item))
         case Trigger():
             return "trigger", json.dumps({"conv": asdict(item.conv), "job_id": item.job_id,
                                           "prompt": item.prompt, "late": item.late,
@@ -139,10 +152,7 @@ def replay(kind: str, payload: str, ref: str) -> Inbound | None:
         data = json.loads(payload)
         conv = ConvKey(**data["conv"])
         if kind == "message":
-            return UserMessage(conv, User(**data["user"]), data["text"], ref=ref,
-                               context=data.get("context"),
-                               attachments=tuple(Attachment(**a)
-                                                 for a in data.get("attachments", ())))
+            return message_of(data, ref)
         if kind == "trigger":
             return Trigger(conv, data["job_id"], data["prompt"], data["late"], ref=ref,
                            requester=data.get("requester", ""))
@@ -152,3 +162,21 @@ def replay(kind: str, payload: str, ref: str) -> Inbound | None:
     except (ValueError, KeyError, TypeError):
         log.warning("could not replay inbound %s", ref)
     return None
+
+
+def message_of(data: dict[str, Any], ref: str | None) -> UserMessage:
+    """A `UserMessage` from its JSON form (`asdict`; older records lack the later fields)."""
+    def quote(raw: Any) -> Quote | None:
+        if not isinstance(raw, dict):
+            return None
+        who = raw.get("author")
+        return Quote(raw["text"], User(**who) if isinstance(who, dict) else None,
+                     bool(raw.get("by_tandem")), raw.get("origin", ""))
+
+    around = data.get("around")
+    return UserMessage(ConvKey(**data["conv"]), User(**data["user"]), data["text"], ref=ref,
+                       context=data.get("context"),
+                       attachments=tuple(Attachment(**a) for a in data.get("attachments", ())),
+                       message_id=data.get("message_id"), quote=quote(data.get("quote")),
+                       forwarded=quote(data.get("forwarded")),
+                       around=ConvKey(**around) if isinstance(around, dict) else None)

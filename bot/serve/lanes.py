@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from bot.core.events import ConvKey, UserMessage
+from bot.core.events import ConvKey, Edit, UserMessage
 from bot.turn.cancel import CancelSignal
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,8 @@ class Lanes(Generic[W]):
         try:
             while lane.inbox:
                 batch = [lane.inbox.popleft()]
-                if isinstance(batch[0], UserMessage):
-                    while lane.inbox and isinstance(lane.inbox[0], UserMessage):
+                if isinstance(batch[0], UserMessage | Edit):  # an edit goes with its message
+                    while lane.inbox and isinstance(lane.inbox[0], UserMessage | Edit):
                         batch.append(lane.inbox.popleft())
                 await self._handle(key, batch)
         finally:

@@ -9,6 +9,7 @@ carries out every change of state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from bot.core.events import (
     Command,
     ConvKey,
     Decision,
+    Edit,
     Event,
     Inbound,
     Notice,
@@ -138,8 +140,9 @@ class Worker:
 
     async def _dispatch(self, conv: Conversation, batch: list[Work]) -> None:
         match item := batch[0]:
-            case UserMessage():
-                await self._messages(conv, [m for m in batch if isinstance(m, UserMessage)])
+            case UserMessage() | Edit():
+                await self._messages(conv, await self._edited(
+                    [m for m in batch if isinstance(m, UserMessage | Edit)]))
             case Trigger():
                 await self._trigger(conv, item)
             case Decision():
@@ -158,7 +161,31 @@ class Worker:
             case Command():
                 await self._command(conv, item)
 
+    async def _edited(self, batch: list[UserMessage | Edit]) -> list[UserMessage]:
+        """The messages, with their edits applied: an edit of a message whose turn has not
+        started replaces its text (a deletion drops it); an edit of one answered already,
+        or being answered, is a note for the next turn (never a second answer)."""
+        messages: list[UserMessage] = []
+        for item in batch:
+            if isinstance(item, UserMessage):
+                messages.append(item)
+                continue
+            found = next((n for n, m in enumerate(messages)
+                          if m.message_id == item.message_id and m.conv == item.conv), None)
+            if found is None:
+                await self.intake.talk.after_turn(item)
+            elif item.deleted:
+                gone = messages.pop(found)
+                if gone.ref:
+                    await self.d.store.mark_inbound_done([gone.ref])
+            else:
+                messages[found] = dataclasses.replace(messages[found], text=item.text)
+                await self.d.store.edit_talk(str(item.conv), item.message_id, item.text)
+        return messages
+
     async def _messages(self, conv: Conversation, batch: list[UserMessage]) -> None:
+        if not batch:
+            return
         batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
         said, notes = await self.intake.said(batch)
         for note in notes:
@@ -186,7 +213,16 @@ class Worker:
 
     async def _start(self, conv: Conversation, said: list[Said], requester: str,
                      unattended: bool, refs: list[str]) -> None:
-        if await self.runner.begin(conv, said, requester, unattended, refs):
+        try:
+            began = await self.runner.begin(conv, said, requester, unattended, refs)
+        except Exception as exc:
+            if conv.turn is None:  # nothing was stored: the lane tells of it
+                raise
+            log.error("turn %d in %s cannot begin", conv.turn.turn, conv.row.key,
+                      exc_info=True)  # stored: it ends as an error, never left "running"
+            conv.turn = dataclasses.replace(conv.turn, error=self.d.redact(user_message(exc)))
+            began = True
+        if began:
             await self._drive(conv)
 
     async def _drive(self, conv: Conversation, *, resumed: bool = False) -> None:
@@ -200,8 +236,7 @@ class Worker:
             await self.runner.drive(conv, cancel)
         except Exception as exc:  # the turn cannot go on: end it where the user sees it
             log.error("turn %d in %s failed", number, key, exc_info=True)
-            self.convs.drop(key)  # reload (and repair) from the store
-            await self._safe_emit(TurnEnded(key, number, user_message(exc), "error"))
+            await self._failed(conv, number, user_message(exc))
             return
         finally:
             self.lanes.end(key)
@@ -209,6 +244,25 @@ class Worker:
             for approval in await self.d.store.pending_approvals(conv.row.id):
                 self.approvals.arm(key, approval)
                 self.lanes.expire_at(Expiry(key, approval.id), approval.expires_at)
+
+    async def _failed(self, conv: Conversation, number: int, text: str) -> None:
+        """End a failed turn in the store as well, so that the next message is not told of
+        an interrupted answer; if even that fails, the next load repairs it."""
+        ended = TurnEnded(conv.row.key, number, text, "error")
+        try:
+            state = conv.turn
+            if state is not None and state.turn == number:
+                await self.runner.apply(conv, t.exit_turn(state, self.runner.limits,
+                                                          t.ExitReason.ERROR))
+                await self.d.store.end_turn(conv.row.id, conv.row.session, number, "done",
+                                            "error", show=text)
+                await self.runner.show_end(conv.row, ended)
+                return
+        except Exception:
+            log.warning("could not end turn %d in %s", number, conv.row.key, exc_info=True)
+        finally:
+            self.convs.drop(conv.row.key)  # reload (and repair) from the store
+        await self._safe_emit(ended)
 
     async def _cancel_waiting(self, conv: Conversation, item: Cancel) -> None:
         state = conv.turn
@@ -223,13 +277,14 @@ class Worker:
                              self.runner.window, self.lanes.running(conv.row.key),
                              self.scheduler, self.d.mcp.status, self._backend,
                              self._approver(conv.row.key.platform, cmd.user),
-                             self.runner.budget, self.d.watch)
+                             self.runner.budget, self.d.watch, self.approvals.access)
         for out in await commands.run(ctx, conv, cmd):
             if isinstance(out, Reset):
                 if conv.turn is not None:
                     await self._end_waiting(conv, t.supersede(
                         conv.turn, self.runner.limits, "the conversation was reset"))
                 await self.d.store.new_session(conv.row.id)
+                await self.intake.talk.forget(conv.row.key)
                 self.convs.drop(conv.row.key)
             else:
                 await self.d.emit(out)

@@ -123,11 +123,13 @@ import aiohttp
 from aiohttp import web
 from PIL import Image
 
+from tests.fakes import telegram_spec
+
 JSONDict = dict[str, Any]
 Handler = Callable[[JSONDict], Awaitable[Any]]
 
-MAX_TEXT = 4096
-MAX_CAPTION = 1024
+MAX_TEXT = telegram_spec.visible_range("sendMessage", "text")[1]
+MAX_CAPTION = telegram_spec.visible_range("sendPhoto", "caption")[1]
 MAX_CALLBACK_DATA = 64
 MAX_CALLBACK_ANSWER = 200
 MAX_BUTTONS = 100
@@ -223,50 +225,6 @@ BUTTON_ACTIONS = (
     "callback_game",
     "pay",
 )
-
-# How form values (always strings on the wire) are decoded into Python values.
-JSON_PARAMS = frozenset(
-    {
-        "reply_markup",
-        "entities",
-        "caption_entities",
-        "commands",
-        "allowed_updates",
-        "reaction",
-        "reply_parameters",
-        "link_preview_options",
-        "scope",
-    }
-)
-NUMBER_PARAMS = frozenset(
-    {
-        "chat_id",
-        "message_id",
-        "message_thread_id",
-        "offset",
-        "limit",
-        "timeout",
-        "cache_time",
-        "reply_to_message_id",
-        "user_id",
-        "max_connections",
-        "draft_id",
-    }
-)
-BOOL_PARAMS = frozenset(
-    {
-        "disable_notification",
-        "protect_content",
-        "show_alert",
-        "drop_pending_updates",
-        "is_big",
-        "allow_sending_without_reply",
-        "disable_web_page_preview",
-        "disable_content_type_detection",
-        "allow_paid_broadcast",
-    }
-)
-
 
 class ApiError(Exception):
     """An error reply: HTTP status, description and optional ``parameters``."""
@@ -463,6 +421,8 @@ class FakeMessage:
     reply_to_message_id: int | None = None
     reactions: list[JSONDict] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
+    forward_origin: JSONDict | None = None  # a MessageOrigin: the message is a forward
+    quote: JSONDict | None = None  # a TextQuote: the part of the replied message quoted
 
     @property
     def files(self) -> list[FakeFile]:
@@ -1072,24 +1032,6 @@ def auto_entities(text: str) -> list[JSONDict]:
 # --------------------------------------------------------------------------- request decoding
 
 
-def _decode_value(key: str, value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    if key in JSON_PARAMS:
-        try:
-            return json.loads(value)
-        except ValueError:
-            raise bad_request(f"can't parse {key} JSON object") from None
-    if key in NUMBER_PARAMS:
-        for kind in (int, float):
-            with contextlib.suppress(ValueError):
-                return kind(value)
-        return value
-    if key in BOOL_PARAMS:
-        return value.strip().lower() in ("true", "1")
-    return value
-
-
 async def _read_params(request: web.Request) -> JSONDict:
     try:
         return await _read_body(request)
@@ -1118,7 +1060,7 @@ async def _read_body(request: web.Request) -> JSONDict:
                 raw[key] = bytes(value).decode()
             else:
                 raw[key] = value
-    return {key: _decode_value(key, value) for key, value in raw.items()}
+    return raw
 
 
 def _require_int(params: JSONDict, key: str) -> int:
@@ -1175,6 +1117,8 @@ class Origin(TypedDict, total=False):
     reply_to_message_id: int | None
     first_name: str  # "Ann" unless given
     username: str | None
+    forward_origin: JSONDict | None  # a MessageOrigin (user, hidden_user, chat or channel)
+    quote: str | None  # part of the replied message's text, quoted (needs a reply)
 
 
 _ORIGIN_KEYS = Origin.__optional_keys__
@@ -1496,6 +1440,13 @@ class FakeTelegram:
                 raise ValueError(f"no message {reply_to_message_id} in chat {chat_id} to reply to")
             if thread_id is None:
                 thread_id = target.thread_id
+        quote = origin.get("quote")
+        quoted: JSONDict | None = None
+        if quote is not None:
+            target = self._find(chat_id, reply_to_message_id) if reply_to_message_id else None
+            if target is None or quote not in target.text:
+                raise ValueError("a quote needs a reply to a message whose text holds it")
+            quoted = {"text": quote, "position": target.text.index(quote), "is_manual": True}
         sender: JSONDict = {"id": user_id, "is_bot": False, "first_name": first_name}
         if username:
             sender["username"] = username
@@ -1509,9 +1460,23 @@ class FakeTelegram:
             raw_text=text,
             entities=auto_entities(text),
             reply_to_message_id=reply_to_message_id,
+            forward_origin=origin.get("forward_origin"),
+            quote=quoted,
             **media,
         )
         return self._push_update({"message": self._message_json(message)})
+
+    def push_edit(self, chat_id: int, user_id: int, message_id: int, text: str) -> int:
+        """Queue an ``edited_message`` update: the user changed the text of their message
+        (Telegram lets only its sender edit it); returns the update_id."""
+        message = self._find(chat_id, message_id)
+        if message is None or message.from_bot or message.sender.get("id") != user_id:
+            raise ValueError(f"user {user_id} has no message {message_id} in chat {chat_id}")
+        message.text = message.raw_text = text
+        message.entities = auto_entities(text)
+        message.edit_date = int(time.time())
+        message.history.append(text)
+        return self._push_update({"edited_message": self._message_json(message)})
 
     def push_callback(
         self,
@@ -1706,9 +1671,15 @@ class FakeTelegram:
         try:
             if request.match_info["token"] != self.token:
                 raise ApiError(401, "Unauthorized")
-            call.params = await _read_params(request)
-            if entry is None:
-                raise ApiError(404, "Not Found: method not found")
+            raw = await _read_params(request)
+            call.params = raw
+            known = telegram_spec.method_name(name)
+            if known is None or entry is None:  # a method this server does not serve
+                raise ApiError(404, "Not Found")
+            try:
+                call.params = telegram_spec.check_call(known, raw)
+            except telegram_spec.SpecError as exc:
+                raise ApiError(exc.status, exc.description) from None
             result = await entry[1](call.params)
         except ApiError as exc:
             call.status, call.description = exc.status, exc.description
@@ -1830,6 +1801,10 @@ class FakeTelegram:
                 out["reply_to_message"] = reply
         if message.edit_date is not None:
             out["edit_date"] = message.edit_date
+        if message.forward_origin is not None:
+            out["forward_origin"] = message.forward_origin
+        if message.quote is not None and with_reply:
+            out["quote"] = message.quote
         if message.photo:
             out["photo"] = [size.as_json() for size in message.photo]
         single = message.document or message.media

@@ -12,17 +12,19 @@ from bot.core.events import (
     Command,
     ConvKey,
     Decision,
+    Edit,
     Trigger,
     User,
     UserMessage,
     Verdict,
 )
+from bot.serve.intake import message_of
 from bot.serve.recovery import Resume
 from bot.serve.worker import Expiry, Work
 
 _KINDS: dict[str, type[Any]] = {
     "message": UserMessage, "decision": Decision, "cancel": Cancel, "trigger": Trigger,
-    "command": Command, "expiry": Expiry, "resume": Resume}
+    "command": Command, "expiry": Expiry, "resume": Resume, "edit": Edit}
 _NAMES = {kind: name for name, kind in _KINDS.items()}
 
 
@@ -35,6 +37,8 @@ def decode(raw: str) -> Work:
     try:
         data = json.loads(raw)
         kind = _KINDS[data.pop("kind")]
+        if kind is UserMessage:
+            return message_of(data, data.get("ref"))
         data["conv"] = ConvKey(**data["conv"])
         if isinstance(data.get("user"), dict):
             data["user"] = User(**data["user"])
