@@ -1799,12 +1799,9 @@ class FakeTelegram:
             reply = self._reply_json(message, chat)
             if reply is not None:
                 out["reply_to_message"] = reply
-        if message.edit_date is not None:
-            out["edit_date"] = message.edit_date
-        if message.forward_origin is not None:
-            out["forward_origin"] = message.forward_origin
-        if message.quote is not None and with_reply:
-            out["quote"] = message.quote
+        extras = {"edit_date": message.edit_date, "forward_origin": message.forward_origin,
+                  "quote": message.quote if with_reply else None}
+        out.update({key: value for key, value in extras.items() if value is not None})
         if message.photo:
             out["photo"] = [size.as_json() for size in message.photo]
         single = message.document or message.media
