@@ -17,6 +17,12 @@ COPY adapters ./adapters
 COPY bot ./bot
 RUN pip install . && cd / && rm -rf /src
 
+# bubblewrap, for `tools.shell.sandbox: bwrap` (the container must be allowed to create
+# user namespaces: README "Sandboxed shell")
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/*
+
 RUN groupadd --system --gid 10001 tandem \
  && useradd --system --uid 10001 --gid tandem --create-home --home-dir /home/tandem \
         --shell /usr/sbin/nologin tandem \
