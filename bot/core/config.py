@@ -26,8 +26,8 @@ from bot.core.chat_config import (
     TelegramWebhook,
 )
 from bot.core.errors import ConfigError
+from bot.core.mcp_secrets import credentials
 from bot.core.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
-from bot.core.redact import SECRET_NAME as _SECRET_NAME
 from bot.core.sections import (
     McpConfig,
     McpServerConfig,
@@ -166,9 +166,7 @@ class Config(Section):
             urlsplit(self.store.url).password if self.store.url else None,
         ]
         for server in self.mcp.servers.values():
-            found += server.headers.values()
-            found += [v.split()[-1] for v in server.headers.values() if " " in v.strip()]
-            found += [v for k, v in server.env.items() if _SECRET_NAME.search(k)]
+            found += credentials(server)
         return [s for s in found if s and len(s) >= 6]
 
 

@@ -3,12 +3,17 @@ media); `bot.core.config` assembles them with the rest into `Config`."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 Policy = Literal["allow", "ask", "deny"]
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+"""What an MCP tool's name may not hold (`bot.tools.mcp.tools` replaces it with `_`)."""
 
 
 class Section(BaseModel):
@@ -27,7 +32,9 @@ class McpServerConfig(Section):
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    """The server's whole environment, with `PATH` (nothing else of Tandem's is passed)."""
+    """The server's whole environment, with `PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL` and
+    `TERM` (nothing else of Tandem's is passed); given as the process's environment, never
+    on its command line. Values that look like credentials are treated as secrets."""
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
@@ -39,6 +46,9 @@ class McpServerConfig(Section):
     tools: McpTools = Field(default_factory=McpTools)
     approvals: dict[str, Policy] = Field(default_factory=dict)
     """Per tool (the server's name for it): allow | ask | deny; every other tool asks."""
+    trusted: bool = False
+    """Its tool descriptions and schemas are trusted like Tandem's own. False: they are
+    content from outside, and every conversation they are offered to is tainted."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:
@@ -50,6 +60,21 @@ class McpServerConfig(Section):
 
 class McpConfig(Section):
     servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _distinct_tool_names(self) -> McpConfig:
+        """Two servers whose tools could get the same name (`a` with `b_c`, `a_b` with
+        `c`: both `mcp_a_b_c`) are refused, naming both."""
+        names = sorted((_UNSAFE.sub("_", name), name) for name in self.servers)
+        for i, (short, first) in enumerate(names):
+            for long, second in names[i + 1:]:
+                if long != short and not long.startswith(f"{short}_"):
+                    continue
+                raise PydanticCustomError(
+                    "mcp_names", "the servers `{first}` and `{second}` could give two tools "
+                    "the same name (mcp_{long}_…); rename one (a `-` instead of `_` will "
+                    "do)", {"first": first, "second": second, "long": long})
+        return self
 
 
 class TranscriptionConfig(Section):

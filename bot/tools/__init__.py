@@ -62,6 +62,10 @@ class Tool:
     """The argument naming a URL the call contacts: under taint, a URL nobody gave asks."""
     untrusted: bool = False
     """Its results are content from outside (a web page...): they taint the conversation."""
+    outside: str | None = None
+    """Who wrote its description and schema when Tandem did not and nobody vouched for them
+    (an MCP server not marked `trusted`): while it is offered, every conversation has read
+    content from outside."""
     reads: str | None = None
     """The argument naming a workspace path it reads: another conversation's uploads ask,
     and an upload read back is content from outside."""
@@ -99,6 +103,8 @@ class Registry:
         self._tools: dict[str, Tool] = {}
         self._groups: dict[str, list[Tool]] = {"": []}
         self._schemas: list[dict[str, Any]] = []
+        self.outside: str | None = None
+        """The first offered tool's `outside` (None: every description is trusted)."""
         self.version = 0
         """Goes up whenever the set of tools changes."""
         for tool in tools:
@@ -126,6 +132,7 @@ class Registry:
                                         for t in self._groups[g])]
         self._tools = {t.name: t for t in ordered}
         self._schemas = [t.schema() for t in self._tools.values()]
+        self.outside = next((t.outside for t in self._tools.values() if t.outside), None)
         self.version += 1
 
     def get(self, name: str) -> Tool | None:

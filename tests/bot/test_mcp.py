@@ -98,9 +98,11 @@ def test_an_unchanged_tool_list_keeps_the_prompt_as_it_is() -> None:
 
 
 def stdio_server(log: Path, **extra: Any) -> dict[str, Any]:
+    """The fake over stdio; its descriptions are this suite's own (`trusted`), so only
+    its results taint (`tests/bot/test_mcp_security.py` tries one that is not)."""
     return {"command": sys.executable, "args": ["-m", "tests.fakes.mcp_servers", "stdio"],
             "cwd": str(REPO_ROOT), "env": {"MCP_FAKE_LOG": str(log)}, "timeout_s": 10,
-            **extra}
+            "trusted": True, **extra}
 
 
 @asynccontextmanager
@@ -265,7 +267,7 @@ async def test_http_server_with_a_bearer_header_and_the_token_never_shows(
     model.script(call("mcp_web_echo", text=f"the token is {token}"), Reply(text="done"))
     async with http_server(token) as url:
         servers = {"web": {"url": url, "headers": {"Authorization": f"Bearer {token}"},
-                           "approvals": {"echo": "allow"}}}
+                           "approvals": {"echo": "allow"}, "trusted": True}}
         with caplog.at_level(logging.INFO):
             async with core_with(config_factory, servers) as core:
                 await core.say("echo it")
@@ -285,7 +287,8 @@ async def test_a_restarted_http_server_is_reconnected_and_the_call_made_once(
     first = http_server(log=log)
     url = await first.__aenter__()
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    servers = {"web": {"url": url, "approvals": {"echo": "allow"}, "timeout_s": 10}}
+    servers = {"web": {"url": url, "approvals": {"echo": "allow"}, "timeout_s": 10,
+                       "trusted": True}}
     try:
         async with core_with(config_factory, servers) as core:
             await core.say("first")

@@ -19,6 +19,8 @@ Tools:
 Every tool returns plain content blocks (no ``structuredContent``). The server advertises
 ``tools.listChanged``. If ``MCP_FAKE_LOG`` names a file, the server appends ``called <tool>``
 for every call and ``cancelled <tool>`` when a cancellation stops ``sleep`` or ``hang``.
+``MCP_FAKE_DESCRIPTION`` replaces ``echo``'s description (a server whose descriptions
+speak to the model); ``MCP_FAKE_STDERR`` is written to the server's stderr as it starts.
 ``MCP_FAKE_EXTRA_TOOLS=N`` (or ``--extra-tools N``) publishes ``N`` more tools, ``extra_000``,
 ``extra_001``..., each like ``echo`` (one string argument ``text``, returned as is): a server
 with a long tool list, for benchmarks.
@@ -72,6 +74,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """The working directory ``python -m tests.fakes.mcp_servers`` needs."""
 
 LOG_ENV = "MCP_FAKE_LOG"
+DESCRIPTION_ENV = "MCP_FAKE_DESCRIPTION"
+STDERR_ENV = "MCP_FAKE_STDERR"
 EXTRA_TOOLS_ENV = "MCP_FAKE_EXTRA_TOOLS"
 WIDGET_ERROR = "the widget is broken"
 RESOURCE_URI = "tandem://fake/notes.txt"
@@ -235,7 +239,8 @@ def build_server() -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer("tandem-fake", version="1.0", log_level="WARNING",
                                        tools=[_bad_schema_tool(), *extra_tools()])
     read_only = ToolAnnotations(read_only_hint=True)
-    server.add_tool(echo, annotations=read_only, structured_output=False)
+    server.add_tool(echo, annotations=read_only, structured_output=False,
+                    description=os.environ.get(DESCRIPTION_ENV) or None)
     for fn in (sleep, hang, fail, error_result, image, resource, add_tool, crash, big):
         server.add_tool(fn, structured_output=False)
     server.add_tool(weird, name=WEIRD_NAME, structured_output=False)
@@ -331,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.extra_tools is not None:
         os.environ[EXTRA_TOOLS_ENV] = str(args.extra_tools)
+    if os.environ.get(STDERR_ENV):
+        sys.stderr.write(os.environ[STDERR_ENV])
+        sys.stderr.flush()
     if args.mode == "stdio":
         anyio.run(build_server().run_stdio_async)
     else:

@@ -101,14 +101,14 @@ def server_log(mcp_http: HttpServer) -> ServerLog:
 
 def http_server(server: HttpServer, **extra: Any) -> dict[str, Any]:
     """`mcp.servers.fake` for the shared HTTP server."""
-    return {"url": server.url, "timeout_s": 10, **extra}
+    return {"url": server.url, "timeout_s": 10, "trusted": True, **extra}
 
 
 def stdio_server(log: Path, **extra: Any) -> dict[str, Any]:
     """`mcp.servers.fake` over stdio, logging to `log`."""
     command, args = stdio_command()
     return {"command": command, "args": args, "cwd": str(REPO_ROOT),
-            "env": {LOG_ENV: str(log)}, "timeout_s": 10, **extra}
+            "env": {LOG_ENV: str(log)}, "timeout_s": 10, "trusted": True, **extra}
 
 
 def call(name: str, **args: Any) -> Reply:

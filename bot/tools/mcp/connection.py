@@ -16,11 +16,12 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TextIO
 
 from bot.core.config import McpServerConfig
 from bot.core.errors import ToolError
 from bot.tools import Tool
+from bot.tools.mcp.stderr import relay
 from bot.tools.mcp.tools import Keep, build_tools, result_text
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class Connection:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+        """Each server process's stderr, read until it closes."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -69,6 +72,9 @@ class Connection:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for relay_task in list(self._relays):  # a child the server left may hold its end
+            relay_task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
         self.state = "stopped"
 
     async def _run(self) -> None:
@@ -131,13 +137,23 @@ class Connection:
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         assert self.config.command is not None
-        # `env -i`: the server gets exactly what is listed, and PATH, nothing of Tandem's
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.config.env}
-        args = ["-i", *(f"{k}={v}" for k, v in env.items()), self.config.command,
-                *self.config.args]
-        params = StdioServerParameters(command="/usr/bin/env", args=args,
-                                       cwd=self.config.cwd)
-        return stdio_client(params, errlog=_stderr())
+        # the environment is the process's own (readable by this user alone), never its
+        # command line (anyone's to read): what is listed, over the SDK's few (PATH, HOME...)
+        params = StdioServerParameters(command=self.config.command, args=self.config.args,
+                                       env=dict(self.config.env), cwd=self.config.cwd)
+        return stdio_client(params, errlog=self._stderr(stack))
+
+    def _stderr(self, stack: AsyncExitStack) -> TextIO:
+        """Where the server's own stderr goes: a pipe whose lines become Tandem's log
+        records (`stderr.relay`), redacted and formatted like its own."""
+        read_end, write_end = os.pipe()
+        writer = os.fdopen(write_end, "w")
+        stack.callback(writer.close)  # after the server is gone (entered before it)
+        task = asyncio.get_running_loop().create_task(relay(self.name, read_end),
+                                                      name=f"mcp:{self.name}:stderr")
+        self._relays.add(task)
+        task.add_done_callback(self._relays.discard)
+        return writer
 
     # -- tools --------------------------------------------------------------------------
 
@@ -242,13 +258,6 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _stderr() -> Any:
-    """Where a stdio server's own stderr goes: Tandem's (it is the server's log)."""
-    import sys
-
-    return sys.stderr
 
 
 __all__ = ["Connection"]

@@ -5,7 +5,9 @@ at most 64 characters (a short hash when it is cut or collides). Its schema is p
 the model as the server gave it, after a check: a tool whose schema the model could not
 use is left out with one log line, the rest of the server stays. Every MCP tool asks by
 default (`mcp.servers.<name>.approvals` says otherwise per tool), counts as lasting
-(it may do anything) and as untrusted (what it returns taints the conversation). A
+(it may do anything) and as untrusted (what it returns taints the conversation). Its
+description and schema are the server's words, not Tandem's: unless the server is marked
+`trusted`, they taint every conversation they are offered to (`Tool.outside`). A
 server's own hints (`readOnlyHint`...) are shown on the card and never relax the policy.
 """
 
@@ -166,7 +168,7 @@ def _tool(server: str, config: McpServerConfig, original: str, name: str, spec: 
 
     return Tool(name, f"[MCP server {server}] {description}", spec.input_schema, run,
                 policy=config.approvals.get(original, "ask"), render=render, lasting=True,
-                untrusted=True)
+                untrusted=True, outside=None if config.trusted else f"the MCP server `{server}`")
 
 
 def result_text(server: str, result: Any, keep: Keep | None = None) -> str:
