@@ -9,7 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-Policy = Literal["allow", "ask", "deny"]
+Policy = Literal["allow", "ask", "deny", "sandboxed"]
+"""`sandboxed` (for the shell): allow inside its sandbox, ask outside it or with the network
+(`bot.tools.sandbox`); for any other tool it asks."""
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
