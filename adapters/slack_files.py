@@ -38,6 +38,8 @@ def attachments(files: Any) -> tuple[Attachment, ...]:
         mime = str(f.get("mimetype") or "")
         kind = "image" if mime.startswith("image/") else "audio" if mime.startswith("audio/") \
             else "video" if mime.startswith("video/") else "file"
+        if f.get("subtype") == "slack_audio":  # a clip recorded in Slack: the sender's words
+            kind = "voice"
         found.append(Attachment(str(f.get("name") or "file"), mime,
                                 f["size"] if isinstance(f.get("size"), int) else 0, kind,
                                 url if isinstance(url, str) else ""))

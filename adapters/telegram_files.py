@@ -34,8 +34,10 @@ MEDIA = (filters.PHOTO | filters.VOICE | filters.AUDIO | filters.VIDEO_NOTE | fi
 
 
 def attachments(message: Message) -> tuple[Attachment, ...]:
-    """The files a message carries, largest photo size only."""
+    """The files a message carries, largest photo size only. A voice or video note is
+    `voice` (the sender's own words) unless the message is forwarded."""
     n = message.message_id
+    recorded = "audio" if message.forward_origin is not None else "voice"
     found: list[Attachment] = []
     if message.photo:
         best = message.photo[-1]
@@ -44,15 +46,15 @@ def attachments(message: Message) -> tuple[Attachment, ...]:
     if message.voice:
         v = message.voice
         found.append(Attachment(f"voice-{n}.ogg", v.mime_type or "audio/ogg", v.file_size or 0,
-                                "audio", v.file_id))
+                                recorded, v.file_id))
     if message.audio:
         a = message.audio
         found.append(Attachment(a.file_name or f"audio-{n}.mp3", a.mime_type or "audio/mpeg",
                                 a.file_size or 0, "audio", a.file_id))
     if message.video_note:
         vn = message.video_note
-        found.append(Attachment(f"video-note-{n}.mp4", "video/mp4", vn.file_size or 0, "audio",
-                                vn.file_id))
+        found.append(Attachment(f"video-note-{n}.mp4", "video/mp4", vn.file_size or 0,
+                                recorded, vn.file_id))
     if message.document:
         d = message.document
         found.append(Attachment(d.file_name or f"file-{n}", d.mime_type or "",

@@ -1,7 +1,12 @@
-"""Receiving what comes with a message: each file is fetched into the workspace
-(`uploads/<date>/<name>`, never outside it, never over another file), then a voice note is
-transcribed, a picture or a PDF is shown to the model if it can take it, and any other file
-is named with where it is and how large, for the file tools.
+"""Receiving what comes with a message: each file is fetched into the conversation's own
+folder of the workspace (`uploads/<conversation>/<date>/<name>`, never outside it, never
+over another file), then a recording is transcribed, a picture (scaled once, off the event
+loop) or a PDF is shown to the model if it can take it, and any other file is named with
+where it is and how large, for the file tools.
+
+Only a voice note the user recorded (`voice`) is their own words; any other recording (an
+audio or video file, music, a forwarded voice note) is transcribed as a file's content,
+which is outside content (`bot.turn.taint`).
 
 Whatever cannot be used is said to the user in words (too large, a video, no transcription
 model, a model that cannot see pictures); nothing is dropped without a word.
@@ -29,8 +34,10 @@ from bot.media import (
     IMAGE_TOKENS,
     MB,
     PDF_PAGE_TOKENS,
+    UPLOADS,
     FilePort,
     TooLarge,
+    conversation_folder,
     new_file,
     size_text,
 )
@@ -53,15 +60,18 @@ class Received:
 
 
 def safe_name(name: str, fallback: str) -> str:
-    """A file name that stays one name in one folder: no separators, no dot-files."""
+    """A file name that stays one name in one folder: no separators, no dot-files, and no
+    leading `-` (a shell command given `uploads/*` must not read it as an option)."""
     name = unicodedata.normalize("NFC", name).replace("/", "_").replace("\\", "_")
-    name = _UNSAFE.sub("_", name).strip(" .")[:120]
+    name = _UNSAFE.sub("_", name).strip(" .")[:120].lstrip("-. ")
     return name or fallback
 
 
 def kind_of(attachment: Attachment) -> str:
-    """image | audio | pdf | video | document"""
+    """voice (a recording the user made) | image | audio | pdf | video | document"""
     mime = attachment.mime.lower()
+    if attachment.kind == "voice":
+        return "voice"
     if attachment.kind == "audio" or mime.startswith(AUDIO_MIMES) and attachment.kind != "video":
         return "audio"
     if attachment.kind == "image" or mime.startswith("image/"):
@@ -113,13 +123,13 @@ class Receiver:
             got.notes.append(f"{name} is {size_text(attachment.size)}; {rule}, so it was "
                              "not used.")
             return
-        stored = await self._fetch(port, attachment, limit, kind, got)
+        stored = await self._fetch(port, message, attachment, limit, kind, got)
         if stored is None:
             return
         path, size = stored
         rel = path.relative_to(self.workspace.resolve()).as_posix()
         media = Media(kind, name, rel, str(path), size, attachment.mime or "")
-        if kind == "audio":
+        if kind in ("voice", "audio"):
             await self._hear(media, got)
         elif kind == "image":
             await self._see(media, got)
@@ -134,11 +144,12 @@ class Receiver:
                                          f"{size_text(port.download_limit)}")
         return own, f"Tandem takes files up to {size_text(own)} (media.max_mb)"
 
-    async def _fetch(self, port: FilePort, attachment: Attachment, limit: int, kind: str,
-                     got: Received) -> tuple[Path, int] | None:
-        fallback = {"audio": "voice-note.ogg", "image": "picture.jpg"}.get(kind, "file")
+    async def _fetch(self, port: FilePort, message: UserMessage, attachment: Attachment,
+                     limit: int, kind: str, got: Received) -> tuple[Path, int] | None:
+        fallback = {"voice": "voice-note.ogg", "audio": "audio.ogg",
+                    "image": "picture.jpg"}.get(kind, "file")
         try:
-            path = self._new_path(safe_name(attachment.name, fallback))
+            path = self._new_path(message, safe_name(attachment.name, fallback))
         except OSError as exc:
             got.notes.append(f"Tandem could not save {attachment.name}: {exc}")
             return None
@@ -155,10 +166,12 @@ class Receiver:
             path.unlink()
         return None
 
-    def _new_path(self, name: str) -> Path:
-        """A new, empty file `uploads/<date>/<name>` (`name-2`, `-3`... if it is taken)."""
+    def _new_path(self, message: UserMessage, name: str) -> Path:
+        """A new, empty file `uploads/<conversation>/<date>/<name>` (`name-2`, `-3`... if
+        it is taken)."""
         day = datetime.now(ZoneInfo(self.config.scheduler.timezone)).strftime("%Y-%m-%d")
-        return new_file(self.workspace, f"uploads/{day}", name)
+        return new_file(self.workspace, f"{UPLOADS}/{conversation_folder(message.conv)}/{day}",
+                        name)
 
     async def _hear(self, media: Media, got: Received) -> None:
         if not self.senses.transcribes:
@@ -172,7 +185,11 @@ class Receiver:
                              "was done; send it again or type it.")
             return
         got.notes.append(f"Heard: “{words}”")
-        got.lines.append(words)
+        if media.kind == "voice":  # the user's own words
+            got.lines.append(words)
+        else:
+            got.lines.append(f"[the recording {media.name}, saved as {media.path}, says: "
+                             f"“{words}”]")
         got.media.append(_with(media, transcript=words))
 
     async def _see(self, media: Media, got: Received) -> None:

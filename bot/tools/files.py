@@ -7,7 +7,12 @@ descriptor is checked again (its hard links and, where the system tells, its rea
 
 Every write goes to a new file in the same folder that is then renamed over the old one:
 atomic, and never through an existing link. A replaced file keeps its permission bits; a
-new one gets the umask's default (0644 under the usual umask).
+new one is private (0600), and so is a folder made for it (0700).
+
+Each conversation's uploads and long messages are its own (`uploads/<conversation>/`,
+`inbox/<conversation>/`): the tools that read (`Tool.reads`) ask before they reach into
+another conversation's, and an upload read back is content from outside
+(`bot.turn.policy`, `bot.turn.taint`).
 
 `list_dir` never follows a symlink and never shows a link's size: a link inside the
 workspace is shown with where it points (`name -> sub/file.txt (link)`), one leading out
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from bot.core.errors import PathRefused, ToolError
+from bot.core.file_modes import PRIVATE_FILE, private_dir
 from bot.tools import Tool, ToolContext, require_str
 
 MAX_READ_BYTES = 2_000_000
@@ -94,12 +100,12 @@ def _read_checked(ctx: ToolContext, raw: str, path: Path, limit: int) -> bytes:
 
 
 def _new_temp(name: str, dir_fd: int) -> tuple[int, str]:
-    """A new empty file next to `name` (umask's default mode): its descriptor and name."""
+    """A new empty, private file next to `name`: its descriptor and name."""
     for _ in range(100):
         tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            return os.open(tmp, flags, 0o666, dir_fd=dir_fd), tmp
+            return os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
     raise ToolError(f"cannot create a temporary file next to {name!r}")
@@ -203,7 +209,7 @@ async def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     data = require_str(args, "content", allow_empty=True).encode("utf-8")
 
     def write() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent, below=ctx.workspace.resolve())
         _replace_file(ctx, raw, path, data)
 
     await asyncio.to_thread(write)
@@ -273,10 +279,10 @@ PATH = {"type": "string", "description": "Path relative to the workspace"}
 TOOLS = [
     Tool("read_file", "Read a text file from the workspace.",
          {"type": "object", "properties": {"path": PATH}, "required": ["path"]},
-         read_file, policy="allow", summary_key="path"),
+         read_file, policy="allow", summary_key="path", reads="path"),
     Tool("list_dir", "List a directory of the workspace.",
          {"type": "object", "properties": {"path": PATH}}, list_dir, policy="allow",
-         summary_key="path"),
+         summary_key="path", reads="path"),
     Tool("write_file", "Create or overwrite a text file in the workspace.",
          {"type": "object", "properties": {"path": PATH, "content": {"type": "string"}},
           "required": ["path", "content"]}, write_file, policy="ask", summary_key="path",

@@ -69,8 +69,12 @@ async def remember(ctx: ToolContext, args: dict[str, Any]) -> str:
     limit = limit if isinstance(limit, int) else PersonaConfig().max_file_chars
     line = f"- {_today(ctx)}: {fact}\n"
 
+    persona = ctx.extras.get("persona_dir")
+    top = persona.resolve() if isinstance(persona, Path) and persona.resolve() in \
+        (root, *root.parents) else None
+
     def append() -> str:
-        private_dir(root)
+        private_dir(root, below=top)  # memory/ and memory/conversations/ private too
         private_file(path)
         current = path.read_text(encoding="utf-8")
         if any(row.partition(": ")[2] == fact for row in current.splitlines()

@@ -5,17 +5,22 @@ rules for the exact command or path in a conversation, unattended runs (nobody t
 denied unless configured to ask), and the taint rule (`bot.turn.taint`): while the model can
 see untrusted content, a call that writes lasting state or sends data out asks a human
 whatever its policy, and an unattended run never makes one without a standing rule.
+A file tool reaching into another conversation's uploads (or the folder of them all) asks
+too, as one chat's memory never reaches another's.
 The breakers run before this, in `bot.turn.decide`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container
+from pathlib import Path
 
 from bot import turn as t
 from bot.core.config import Config
 from bot.core.errors import ToolError
+from bot.core.events import ConvKey
 from bot.core.history import Msg, Outcome, ToolCall
+from bot.media import foreign
 from bot.store import Store, new_id
 from bot.tools import Registry, parse_arguments
 from bot.turn import taint
@@ -23,9 +28,11 @@ from bot.turn import taint
 
 async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
                   call: ToolCall, *, unattended: bool, window: list[Msg] | None = None,
-                  turn: int = 0, unread: Container[str] = frozenset()) -> t.Verdict:
-    """`window` is what the model sees (for the taint rule), `turn` the current one, and
-    `unread` the calls that finished without running."""
+                  turn: int = 0, unread: Container[str] = frozenset(),
+                  conv: ConvKey | None = None) -> t.Verdict:
+    """`window` is what the model sees (for the taint rule), `turn` the current one,
+    `unread` the calls that finished without running, and `conv` the conversation (whose
+    own folders of uploads a file tool may read without asking)."""
     tool = tools.get(call.name)
     if tool is None:
         return t.Refuse(Outcome.ERROR, f"error: there is no tool named `{call.name}`; "
@@ -41,8 +48,17 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
                         f"denied: the `{call.name}` tool is disabled by Tandem's policy")
     if await store.has_rule(conv_id, call.name, tool.rule_key(args)):
         return t.Allow()  # a human allowed this exact call here for good
-    found = (taint.taint(window, tools, unread) if window and (tool.lasting or tool.reaches)
-             else None)
+    workspace = Path(config.workspace.dir)
+    raw = args.get(tool.reads) if tool.reads else None
+    elsewhere = foreign(raw, conv, workspace) if conv and isinstance(raw, str) else None
+    if elsewhere is not None:
+        if unattended:
+            return t.Refuse(Outcome.DENIED, f"denied: {elsewhere}, and in a scheduled run "
+                            f"nobody is there to approve `{call.name}`")
+        return t.AskHuman(tool.summary(args), new_id(), approvals.expire_after_s,
+                          f"Asked because {elsewhere}.")
+    found = (taint.taint(window, tools, unread, workspace)
+             if window and (tool.lasting or tool.reaches) else None)
     if found is not None and taint.needs_human(window or [], turn, tool, args, found):
         if unattended:
             return t.Refuse(Outcome.DENIED, f"denied: {found.reason()}, and in a scheduled run "

@@ -302,7 +302,7 @@ class Runner:
         verdict = await policy.verdict(self.d.config, self.d.tools, self.d.store, conv.row.id,
                                        record.call, unattended=state.unattended,
                                        window=conv.window(), turn=state.turn,
-                                       unread=conv.unread)
+                                       unread=conv.unread, conv=conv.row.key)
         return t.decide(state, self.limits, record.call.id, verdict)
 
     # -- Run: one allowed call --------------------------------------------------------

@@ -194,9 +194,7 @@ async def test_write_file_renames_a_new_file_into_place_and_keeps_the_mode(
     await call(ws.ctx, "edit_file", path="sub/notes.txt", old="new", new="newer")
     assert target.stat().st_ino != inode and target.stat().st_mode & 0o7777 == 0o640
     await call(ws.ctx, "write_file", path="sub/fresh.txt", content="x")
-    umask = os.umask(0o022)
-    os.umask(umask)
-    assert (ws.root / "sub" / "fresh.txt").stat().st_mode & 0o7777 == 0o666 & ~umask
+    assert (ws.root / "sub" / "fresh.txt").stat().st_mode & 0o7777 == 0o600
     assert _names(ws.root / "sub") == [".env", "fresh.txt", "notes.txt"]
 
 

@@ -223,7 +223,7 @@ async def test_bad_input_gets_a_clear_answer_and_loses_nothing(
         await core.sink.ended(1)
         await core.say("a\x00b\x1bc")
         await core.sink.ended(2)
-    saved = list((tmp_path / "workspace" / "inbox").glob("*.txt"))
+    saved = list((tmp_path / "workspace" / "inbox").glob("*/*.txt"))
     assert len(saved) == 1 and saved[0].read_text() == big
     assert len(model.requests) == 2
     assert any("1,000,000" in n.text for n in core.sink.of(Notice))

@@ -636,7 +636,7 @@ async def test_a_1_mb_message_gets_a_clear_answer(model: FakeModelServer, config
     [note] = [n.text for n in core.sink.of(Notice)]
     assert "1,048,576 characters" in note and "inbox/" in note and len(note) < 400
     assert ended.text == "I read the start of it."
-    saved = list((tmp_path / "workspace" / "inbox").glob("message-*.txt"))
+    saved = list((tmp_path / "workspace" / "inbox").glob("*/message-*.txt"))
     assert len(saved) == 1 and saved[0].read_text(encoding="utf-8") == text.strip()
     sent = said(model.requests[0]["messages"])
     assert len(sent[-1]) < 10_000 and "read_file" in sent[-1]
@@ -664,7 +664,7 @@ async def test_telegram_largest_message_and_an_over_limit_one(tmp_path: Path,
     assert any("4,096 characters" in t and "inbox/" in t for t in texts), texts
     first = said(model.requests[0]["messages"])
     assert first[-1].startswith("[Ann] " + under)
-    saved = list((tmp_path / "workspace" / "inbox").glob("message-*.txt"))
+    saved = list((tmp_path / "workspace" / "inbox").glob("*/message-*.txt"))
     assert [p.read_text(encoding="utf-8") for p in saved] == [biggest]
 
 

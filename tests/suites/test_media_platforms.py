@@ -133,16 +133,18 @@ class SlackChat:
         self.workspace = rig.workspace
 
     async def _share(self, data: bytes, name: str, mime: str, text: str = "",
-                     declared: int | None = None) -> None:
+                     declared: int | None = None, subtype: str | None = None) -> None:
         shared = self.fake.add_file(data, name=name, mimetype=mime, user="U1",
                                     declared_size=declared)
+        if subtype:
+            shared["subtype"] = subtype  # a clip recorded in Slack
         await self.rig.say("D1", "U1", text, files=[shared])
 
     async def photo(self, data: bytes, caption: str) -> None:
         await self._share(data, "photo.jpg", "image/jpeg", caption)
 
     async def voice(self, data: bytes) -> None:
-        await self._share(data, "audio_message.wav", "audio/wav")
+        await self._share(data, "audio_message.wav", "audio/wav", subtype="slack_audio")
 
     async def document(self, data: bytes, name: str, declared: int | None = None) -> None:
         await self._share(data, name, "application/octet-stream", declared=declared)
@@ -204,7 +206,7 @@ async def test_a_voice_note_is_transcribed_shown_and_answered(
         await chat.shown("I will remind you.")
     [heard] = model.transcriptions
     assert heard["model"] == "whisper-1" and heard["size"] > 1000
-    assert "remind me to water the plants" in user_words(model.last_messages())
+    assert "] remind me to water the plants" in user_words(model.last_messages())  # words
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
