@@ -31,6 +31,10 @@ refuses what OpenAI refuses (no file, over 25 MB, an extension Whisper does not 
 bytes that are no audio container) and answers with the next scripted ``Transcript``
 (``transcribe_script``), else ``transcriber``, else a deterministic text naming the
 file.  Every request is recorded in ``transcriptions``.
+
+``cache="openai"`` or ``cache="anthropic"`` reports cached input tokens in that provider's
+usage shape (``tests.fakes.prompt_cache``); a request carrying ``cache_control`` is checked
+as Anthropic checks it either way, and refused with Anthropic's error.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import BodyPartReader, hdrs, web
+
+from tests.fakes.prompt_cache import PromptCache, check_cache_control
 
 __all__ = ["FakeModelServer", "Reply", "ToolCallSpec", "Transcript", "TranscriptionRequest"]
 
@@ -894,8 +900,12 @@ class FakeModelServer:
         vision: bool = True,
         transcription_delay_s: float = 0.0,
         check_audio: bool = True,
+        cache: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._port = port
+        self.cache = PromptCache(cache, clock=clock) if cache is not None else None
+        """Reports cached input tokens in ``cache``'s usage shape (None: none)."""
         self.context_limit = context_limit
         self.vision = vision
         self.transcription_delay_s = transcription_delay_s
@@ -912,6 +922,8 @@ class FakeModelServer:
         self.streams_ended = 0
         """Streams over: written to the end, cut by a "drop" fault, or left by the client."""
         self._queue: deque[Reply] = deque()
+        self._cached: dict[int, dict[str, Any]] = {}
+        """The cache's usage fields of each request being answered (by id of its body)."""
         self._call_ids = itertools.count(1)
         self._completion_ids = itertools.count(1)
         self._arrived = asyncio.Condition()
@@ -1081,9 +1093,15 @@ class FakeModelServer:
         if problem is not None:
             return self._reject(problem)
         assert isinstance(messages, list)
+        refusal = check_cache_control(body)
+        if refusal is not None:
+            self.violations.append(refusal.message)
+            return web.json_response(refusal.body(), status=400)
         prompt_tokens = estimate_prompt_tokens(messages, body.get("tools"))
         if self.context_limit is not None and prompt_tokens > self.context_limit:
             return self._context_error(prompt_tokens)
+        if self.cache is not None:  # read back (and dropped) by the answer's usage
+            self._cached[id(body)] = self.cache.usage(body, prompt_tokens)
 
         reply = self._next_reply(messages)
         if reply.fault is not None:
@@ -1206,8 +1224,9 @@ class FakeModelServer:
 
     @staticmethod
     def _usage(
-        reply: Reply, prompt_tokens: int, calls: list[tuple[str, str, str]]
-    ) -> dict[str, int]:
+        reply: Reply, prompt_tokens: int, calls: list[tuple[str, str, str]],
+        cached: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         if reply.usage is not None:
             prompt, completion = reply.usage
         else:
@@ -1217,6 +1236,7 @@ class FakeModelServer:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            **(cached or {}),
         }
 
     def _completion(self, body: dict[str, Any], reply: Reply, prompt_tokens: int) -> dict[str, Any]:
@@ -1239,7 +1259,7 @@ class FakeModelServer:
                     "finish_reason": "tool_calls" if calls else "stop",
                 }
             ],
-            "usage": self._usage(reply, prompt_tokens, calls),
+            "usage": self._usage(reply, prompt_tokens, calls, self._cached.pop(id(body), None)),
         }
 
     @staticmethod
@@ -1288,7 +1308,7 @@ class FakeModelServer:
             ]
         chunks.append(chunk({}, "tool_calls" if calls else "stop"))
         if include_usage:
-            usage = self._usage(reply, prompt_tokens, calls)
+            usage = self._usage(reply, prompt_tokens, calls, self._cached.pop(id(body), None))
             chunks.append({**base, "choices": [], "usage": usage})
         return chunks
 
