@@ -96,7 +96,9 @@ def main() -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="tandem-sandbox-bench-") as tmp:
         workspace = Path(tmp)
-        print(f"{args.runs} runs of `true` each, alternating")
+        load = os.getloadavg()[0]
+        print(f"{args.runs} runs of `true` each, alternating (load average {load:.1f} on "
+              f"{os.cpu_count()} cores at the start)")
         figures = {"tool": report("the shell tool (supervisor included)",
                                   asyncio.run(tool_calls(workspace, args.runs))),
                    "bare": report("bwrap's command line alone", bare(workspace, args.runs))}

@@ -163,3 +163,36 @@ def test_a_failing_bwrap_is_explained() -> None:
     failing = ShellConfig(sandbox="bwrap", bwrap="false")
     why = sandbox.check(failing)
     assert why is not None and "user namespaces" in why
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+FORK_60 = "for i in $(seq 60); do sleep 5 & done; echo forked all"
+
+
+def as_nobody(ws: Path, processes: int | None) -> subprocess.CompletedProcess[str]:
+    """60 processes forked in the sandbox by the unprivileged user `nobody`, through the
+    supervisor as the shell tool runs it (the system's Python: pytest's is root's alone)."""
+    config = ShellConfig(sandbox="bwrap", processes=processes)
+    supervisor = Path(sandbox.__file__).with_name("supervise.py")
+    return subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+         str(SYSTEM_PYTHON), "-S", "-I", str(supervisor), FORK_60, str(os.getpid()),
+         sandbox.limits(config), *sandbox.argv(config, ws, PATH, network=False)],
+        capture_output=True, text=True, timeout=60, cwd=ws, env=PATH, check=False,
+        start_new_session=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not SYSTEM_PYTHON.exists(),
+                    reason="needs root to switch to an unprivileged user, and /usr/bin/python3")
+def test_the_process_limit_holds_for_an_unprivileged_user() -> None:
+    """The kernel never limits root's processes; as the unprivileged user the README says
+    to run Tandem as, the sandbox's limit stops a fork bomb."""
+    with tempfile.TemporaryDirectory() as tmp:  # pytest's folders are root's alone
+        Path(tmp).chmod(0o755)
+        ws = Path(tmp) / "ws"
+        ws.mkdir()
+        os.chown(ws, 65534, 65534)
+        limited, unlimited = as_nobody(ws, 30), as_nobody(ws, None)
+    assert limited.returncode != 0 and "forked all" not in limited.stdout
+    assert "fork" in limited.stderr.lower(), limited.stderr
+    assert "forked all" in unlimited.stdout, unlimited.stderr
