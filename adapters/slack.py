@@ -169,6 +169,8 @@ class SlackAdapter(EdgeTimings):
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         with self._inflight.tracked():
+            if (edit := slack_inbound.edit_of(event, self.bot_user)) is not None:
+                await self.hub.submit(edit)  # the core decides what it changes
             msg = slack_inbound.extract_message(event, self.bot_user)
             if msg is None or self._closed:
                 return
@@ -178,6 +180,11 @@ class SlackAdapter(EdgeTimings):
             await self._on_message(msg)
 
     async def _on_message(self, msg: Incoming) -> None:
+        if msg.thread is None and not msg.addressed:  # channel talk: context if kept
+            if self.slack.groups.context:
+                who = User(msg.user, await self.threads.name(msg.user), msg.team)
+                await self.hub.submit(slack_inbound.aside_of(msg, who))
+            return
         if not msg.addressed and not await self.threads.active(msg.channel, msg.thread or ""):
             self.threads.heard(msg.channel, msg.thread or "",
                                {"user": msg.user, "ts": msg.ts, "seen": msg.text})

@@ -10,7 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.slack_files import attachments as shared_files
-from bot.core.events import Attachment, Cancel, Command, ConvKey, Inbound, User, UserMessage
+from bot.core.events import (
+    Aside,
+    Attachment,
+    Cancel,
+    Command,
+    ConvKey,
+    Edit,
+    Inbound,
+    Quote,
+    User,
+    UserMessage,
+)
 
 PLATFORM = "slack"
 
@@ -35,6 +46,10 @@ class Incoming:
     """To Tandem for sure (a DM or a mention); otherwise only if Tandem is in the thread."""
     dm: bool
     attachments: tuple[Attachment, ...] = ()
+    quote: Quote | None = None
+    """A message the user linked (Slack unfurls it), as a quote."""
+    forwarded: Quote | None = None
+    """The message the user forwarded (shared), with its author."""
 
 
 def slack_text(text: str, bot_user: str) -> str:
@@ -48,7 +63,8 @@ def slack_text(text: str, bot_user: str) -> str:
 
 
 def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
-    """The message Tandem may answer, or None (edits, other bots, unmentioned channel talk)."""
+    """A user's message (not addressed when it is channel talk without a mention), or None
+    (edits, other bots, malformed events)."""
     if not isinstance(event, dict):
         return None
     user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
@@ -63,17 +79,59 @@ def extract_message(event: dict[str, Any], bot_user: str) -> Incoming | None:
     thread = thread_ts if isinstance(thread_ts, str) and thread_ts and thread_ts != ts else None
     dm = event.get("channel_type") == "im"
     mentioned = event.get("type") == "app_mention" or f"<@{bot_user}>" in raw
-    if dm:
-        key = thread
-    elif mentioned or thread:
-        key = thread or ts
-    else:
-        return None
+    key = thread if dm else (thread or ts) if mentioned or thread else None
     attachments = shared_files(event.get("files"))
     team = event.get("user_team") or event.get("team")
+    quote, forwarded = _shared(event.get("attachments"), bot_user)
     return Incoming(ConvKey(PLATFORM, channel, key), channel, ts, user,
                     team if isinstance(team, str) else None, slack_text(raw, bot_user),
-                    thread, dm or mentioned, dm, attachments)
+                    thread, dm or mentioned, dm, attachments, quote, forwarded)
+
+
+def _shared(attachments: Any, bot_user: str) -> tuple[Quote | None, Quote | None]:
+    """(a linked message, a forwarded one) from a message's legacy attachments: Slack
+    puts a forward there with `is_share`, and the unfurl of a linked message with
+    `is_msg_unfurl` alone."""
+    quote = forwarded = None
+    for item in attachments if isinstance(attachments, list) else ():
+        if not isinstance(item, dict) or not (item.get("is_share") or item.get("is_msg_unfurl")):
+            continue
+        author = as_str(item.get("author_id"))
+        name = as_str(item.get("author_name")) or as_str(item.get("author_subname")) or author
+        text = slack_text(as_str(item.get("text")) or as_str(item.get("fallback")), bot_user)
+        found = Quote(text, None, by_tandem=True) if author == bot_user else \
+            Quote(text, User(author, name)) if author else \
+            Quote(text, None, origin=as_str(item.get("channel_name")) or "another conversation")
+        if item.get("is_share"):
+            forwarded = forwarded or found
+        else:
+            quote = quote or found
+    return quote, forwarded
+
+
+def edit_of(event: dict[str, Any], bot_user: str) -> Edit | None:
+    """A `message_changed` or `message_deleted` event of a user's message as the core's
+    `Edit`; None for Tandem's own messages, bots, and a change that leaves the text as it
+    was (Slack adds a link's preview that way)."""
+    subtype = event.get("subtype")
+    before = as_dict(event.get("previous_message"))
+    after = as_dict(event.get("message")) if subtype == "message_changed" else before
+    user, channel = as_str(after.get("user")), as_str(event.get("channel"))
+    ts = as_str(after.get("ts")) or as_str(event.get("deleted_ts"))
+    if subtype not in ("message_changed", "message_deleted") or not (user and channel and ts) \
+            or user == bot_user or after.get("bot_id"):
+        return None
+    raw, was = as_str(after.get("text")), as_str(before.get("text"))
+    if subtype == "message_changed" and raw == was:
+        return None
+    root = as_str(after.get("thread_ts"))
+    thread = root if root and root != ts else None
+    mentioned = f"<@{bot_user}>" in raw or f"<@{bot_user}>" in was
+    dm = event.get("channel_type") == "im"
+    key = thread if dm else (thread or ts) if mentioned or thread else None
+    return Edit(ConvKey(PLATFORM, channel, key), User(user, "", as_str(after.get("team")) or None),
+                ts, slack_text(raw, bot_user), deleted=subtype == "message_deleted",
+                ref=f"slack:{channel}:{as_str(event.get('ts'))}:edit")
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -84,14 +142,26 @@ def as_str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def aside_of(msg: Incoming, who: User) -> Aside:
+    """Channel talk not addressed to Tandem, kept as context."""
+    text = msg.text
+    if msg.forwarded is not None:
+        text = f"{text} (forwarding: «{msg.forwarded.text}»)".strip()
+    return Aside(msg.conv, who, text or "(a file)", msg.ts, msg.quote,
+                 f"slack:{msg.channel}:{msg.ts}")
+
+
 def inbound_of(msg: Incoming, who: User, context: str | None) -> Inbound:
     """A message as the core's item: a message, a command, or a cancel (`/stop`)."""
     ref = f"slack:{msg.channel}:{msg.ts}"
     command = parse_command(msg.text)
     if command is None:
-        text = msg.text or ("" if msg.attachments else "(a mention without a message)")
-        return UserMessage(msg.conv, who, text, ref=ref, attachments=msg.attachments,
-                           context=context)
+        empty = "" if msg.attachments or msg.forwarded else "(a mention without a message)"
+        return UserMessage(msg.conv, who, msg.text or empty, ref=ref,
+                           attachments=msg.attachments, context=context, message_id=msg.ts,
+                           quote=msg.quote, forwarded=msg.forwarded,
+                           around=ConvKey(PLATFORM, msg.channel, msg.thread)
+                           if msg.conv.thread_id == msg.ts else None)
     name, args = command
     if name in ("stop", "cancel"):
         return Cancel(msg.conv, who, ref=ref)

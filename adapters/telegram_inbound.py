@@ -144,9 +144,12 @@ def item_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,
     command = render.parse_command(text)
     if command is not None:
         return Command(conv, user, command[0], command[1], ref=ref)
+    forward = forward_of(message)
+    if forward is not None:  # its words are the forwarded message's, not the sender's
+        forward, text = Quote(text, forward.author, origin=forward.origin), ""
     return UserMessage(conv, user, text, ref=ref, attachments=files,
                        message_id=str(message.message_id), quote=quote_of(message, bot_id),
-                       forwarded=forward_of(message))
+                       forwarded=forward)
 
 
 def aside_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,

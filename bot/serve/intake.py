@@ -10,6 +10,7 @@ labelled with its author, since several people may share a conversation.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -40,7 +41,8 @@ from bot.media import INBOX, conversation_folder
 from bot.media.receive import Received, Receiver
 from bot.serve.access import Access
 from bot.serve.talk import Talk
-from bot.store import Store
+from bot.store import ConvRow, Store
+from bot.turn.budget import Budget
 
 log = logging.getLogger(__name__)
 
@@ -102,20 +104,24 @@ class Intake:
                 return Receipt(False, None, duplicate=True)
         return Receipt(True)
 
-    async def said(self, batch: Sequence[UserMessage]) -> tuple[list[Said], list[str]]:
+    async def said(self, batch: Sequence[UserMessage], row: ConvRow | None = None,
+                   budget: Budget | None = None) -> tuple[list[Said], list[str]]:
         """(what each message says to the model, labelled with its author, with the media
-        it brought; notes for the user)."""
+        it brought; notes for the user). With `budget`, a message's files are fetched only
+        while its sender's and the conversation's budgets last, and a transcription
+        counts."""
         said: list[Said] = []
         notes: list[str] = []
         around = await self.talk.since_last(batch)
         for message in batch:
-            got = await self.receiver.receive(message) if message.attachments else Received()
+            got = await self._files(message, row, budget) if message.attachments \
+                else Received()
             notes += got.notes
             text, note = intake(message.text, self.config, message.conv)
-            if note and not (note is EMPTY and message.attachments):
+            if note and not (note is EMPTY and (message.attachments or message.forwarded)):
                 notes.append(note)
             words = "\n".join(filter(None, [text, *got.lines]))
-            if not words and not got.media:
+            if not words and not got.media and message.forwarded is None:
                 continue
             context = (f"{THREAD_CONTEXT}\n{message.context}\n\n"
                        if message.context else "")
@@ -123,6 +129,17 @@ class Intake:
                 context += around
             said.append((context + self.talk.words(message, words), tuple(got.media)))
         return said, notes
+
+
+    async def _files(self, message: UserMessage, row: ConvRow | None,
+                     budget: Budget | None) -> Received:
+        if budget is None or row is None:
+            return await self.receiver.receive(message)
+        user = message.user.id
+        if await budget.reached(row, user) is not None:  # checked before anything is fetched
+            names = ", ".join(a.name for a in message.attachments)
+            return Received(notes=[f"{names} was not fetched: the daily budget is used up."])
+        return await self.receiver.receive(message, functools.partial(budget.spend, row, user))
 
 
 def encode_inbound(item: Inbound) -> tuple[str, str]:

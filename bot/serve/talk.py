@@ -105,10 +105,10 @@ class Talk:
             await self._note(item, row)
 
     async def _note(self, item: Edit, row: TalkRow) -> None:
+        who = row.author if item.user.id == row.author_id else author(item.user)
         await self.store.keep_talk(TalkRow(
             str(item.conv), item.message_id, "deleted" if item.deleted else "edit",
-            item.user.id, author(item.user), row.outside, cut(item.text), before=row.text),
-            NOTES_KEPT)
+            item.user.id, who, row.outside, cut(item.text), before=row.text), NOTES_KEPT)
         if not item.deleted:
             await self.store.edit_talk(str(item.conv), item.message_id, item.text)
 
@@ -132,8 +132,12 @@ class Talk:
         platform = message.conv.platform
         if message.forwarded is not None:
             origin = _origin(message.forwarded, allowed=True)
-            lines = [outside(f"a message {who} forwarded from {origin}", text)] if text else []
-            return "\n".join([*lines, f"[{who} forwarded the message above from {origin}]"])
+            forwarded = message.forwarded.text
+            lines = [outside(f"a message {who} forwarded from {origin}", forwarded)] \
+                if forwarded else []
+            said = f"[{who} forwarded the message above from {origin}]" if forwarded \
+                else f"[{who} forwarded a message from {origin}]"
+            return "\n".join([*lines, f"{said} {text}".rstrip()])
         quote = message.quote
         if quote is None:
             return f"[{who}] {text}"

@@ -87,6 +87,8 @@ from urllib.parse import parse_qsl, quote, urlencode
 import aiohttp
 from aiohttp import web
 
+from tests.fakes import slack_blocks
+
 T = TypeVar("T")
 JSON = dict[str, Any]
 
@@ -789,6 +791,7 @@ class FakeSlackServer:
         mention: bool = False,
         team: str | None = TEAM_ID,
         files: list[JSON] | None = None,
+        attachments: list[JSON] | None = None,
     ) -> JSON:
         """Store a user message and return the event Slack would send for it
         (``message``, or ``app_mention`` with ``<@UBOT>`` prefixed when ``mention``);
@@ -817,6 +820,8 @@ class FakeSlackServer:
             event["blocks"] = _rich_text_blocks(text, mention)
         if files:
             self._attach_files(event, msg, files, mention)
+        if attachments:  # a forward (`is_share`) or a linked message's unfurl
+            event["attachments"] = list(attachments)
         if root is not None:
             event["thread_ts"] = root
             parent = self.message(channel, root)
@@ -827,6 +832,53 @@ class FakeSlackServer:
         if not mention:
             event["channel_type"] = channel_type
         return event
+
+    def shared(self, channel: str, ts: str, *, forward: bool = True) -> JSON:
+        """The legacy attachment Slack adds for a stored message forwarded (``is_share``)
+        or linked (its unfurl, ``is_msg_unfurl`` alone)."""
+        msg = self.message(channel, ts)
+        if msg is None:
+            raise AssertionError(f"no message {ts} in {channel}\n{self.dump()}")
+        author = self.users.get(msg.user, {"name": msg.user})
+        out: JSON = {
+            "id": 1, "ts": ts, "channel_id": channel, "channel_name": _channel_name(channel),
+            "author_id": msg.user, "author_name": author.get("real_name") or author["name"],
+            "author_link": f"https://{TEAM_DOMAIN}.slack.com/team/{msg.user}",
+            "text": msg.text, "fallback": f"[{ts}] {msg.text}", "is_msg_unfurl": True,
+            "from_url": f"https://{TEAM_DOMAIN}.slack.com/archives/{channel}/p{ts.replace('.', '')}",
+            "mrkdwn_in": ["text"], "footer": "Posted in #" + _channel_name(channel),
+        }
+        if forward:
+            out["is_share"] = True
+        return out
+
+    def message_changed_event(self, channel: str, ts: str, text: str,
+                              channel_type: str = "im") -> JSON:
+        """Edit a stored user message and return the ``message_changed`` event Slack sends
+        (the edited message whole, and the one before)."""
+        msg = self.message(channel, ts)
+        if msg is None or msg.bot:
+            raise AssertionError(f"no user message {ts} in {channel}\n{self.dump()}")
+        before = self._api_message(msg)
+        msg.text = text
+        after = {**self._api_message(msg), "edited": {"user": msg.user, "ts": self.new_ts()}}
+        return self._hidden("message_changed", channel, channel_type,
+                            message=after, previous_message=before)
+
+    def message_deleted_event(self, channel: str, ts: str, channel_type: str = "im") -> JSON:
+        """Delete a stored message and return the ``message_deleted`` event Slack sends."""
+        msg = self.message(channel, ts)
+        if msg is None:
+            raise AssertionError(f"no message {ts} in {channel}\n{self.dump()}")
+        self.messages[channel].remove(msg)
+        self.deleted.append(msg)
+        return self._hidden("message_deleted", channel, channel_type, deleted_ts=ts,
+                            previous_message=self._api_message(msg))
+
+    def _hidden(self, subtype: str, channel: str, channel_type: str, **fields: Any) -> JSON:
+        ts = self.new_ts()
+        return {"type": "message", "subtype": subtype, "hidden": True, "channel": channel,
+                "ts": ts, "event_ts": ts, "channel_type": channel_type, **fields}
 
     def _attach_files(
         self, event: JSON, msg: FakeSlackMessage, files: list[JSON], mention: bool
@@ -1943,7 +1995,7 @@ def _block_errors(blocks: object) -> list[str]:
         errors.extend(_element_errors(block, pointer))
     if markdown_total > MAX_MARKDOWN_TEXT:
         errors.append(f"markdown text must be less than {MAX_MARKDOWN_TEXT + 1} characters")
-    return errors
+    return errors or slack_blocks.model_errors(blocks)
 
 
 def _section_errors(block: JSON, pointer: str) -> list[str]:
