@@ -845,7 +845,8 @@ class FakeSlackServer:
             "author_id": msg.user, "author_name": author.get("real_name") or author["name"],
             "author_link": f"https://{TEAM_DOMAIN}.slack.com/team/{msg.user}",
             "text": msg.text, "fallback": f"[{ts}] {msg.text}", "is_msg_unfurl": True,
-            "from_url": f"https://{TEAM_DOMAIN}.slack.com/archives/{channel}/p{ts.replace('.', '')}",
+            "from_url": f"https://{TEAM_DOMAIN}.slack.com/archives/{channel}/p"
+                        + ts.replace(".", ""),
             "mrkdwn_in": ["text"], "footer": "Posted in #" + _channel_name(channel),
         }
         if forward:
