@@ -15,7 +15,7 @@ from bot import llm
 from bot.core import redact
 from bot.core.config import Config
 from bot.core.errors import ConfigError, StoreError, StoreUnusable, TandemError
-from bot.run import logs
+from bot.run import hidden, logs
 from bot.run.app import Dispatch, build
 from bot.serve.cluster import Cluster, ensure_queue_schema, owner_id
 from bot.serve.hub import Hub
@@ -36,6 +36,7 @@ def serve(config: Config, *, chat: bool, verbose: bool) -> int:
     level = logging.DEBUG if verbose else (logging.WARNING if chat else logging.INFO)
     logs.setup(level, [*config.secrets(), *redact.environment_secrets()],
                format=config.logging.format)
+    hidden.hide()  # before any tool runs: no command may read this process's environment
     try:
         return asyncio.run(_serve(config, chat))
     except StoreUnusable as exc:

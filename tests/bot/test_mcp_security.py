@@ -129,13 +129,28 @@ def test_credentials_in_env_args_and_headers_are_secrets() -> None:
 
 
 async def test_a_servers_environment_is_not_on_its_command_line(
-        model: FakeModelServer, config_factory: Any, tmp_path: Path) -> None:
-    """/proc/<pid>/cmdline is anyone's to read; /proc/<pid>/environ only its user's."""
+        model: FakeModelServer, config_factory: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/<pid>/cmdline is anyone's to read; /proc/<pid>/environ only its user's. Every
+    command line a process was started with is kept (a program like `env` that starts
+    another shows its own only until then)."""
+    import anyio
+
+    started: list[list[str]] = []
+    open_process = anyio.open_process
+
+    async def spawn(command: Any, **kwargs: Any) -> Any:
+        started.append([str(part) for part in command])
+        return await open_process(command, **kwargs)
+
+    monkeypatch.setattr(anyio, "open_process", spawn)
     log = tmp_path / "mcp.log"
     async with core_with(config_factory, {"db": server(log, env={"DATABASE_URL": DB_URL})}):
         pid = server_pid(log)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    [argv] = started
+    assert argv == [sys.executable, "-m", "tests.fakes.mcp_servers", "stdio"]
     assert b"tests.fakes.mcp_servers" in cmdline
     assert DB_PASSWORD.encode() not in cmdline and b"DATABASE_URL" not in cmdline
     assert f"DATABASE_URL={DB_URL}".encode() in environ
