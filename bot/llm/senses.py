@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bot.core.config import LLMConfig, MediaConfig
@@ -28,6 +29,10 @@ def audio_name(name: str, mime: str) -> str:
     return f"{name}.{_BY_MIME.get(mime.lower(), 'ogg')}"
 
 
+Spend = Callable[[int, float], Awaitable[None]]
+"""Told a model call's tokens and cost (the daily budgets count them)."""
+
+
 class Senses:
     def __init__(self, llm: LLMConfig, media: MediaConfig) -> None:
         self.llm = llm
@@ -38,8 +43,10 @@ class Senses:
     def transcribes(self) -> bool:
         return bool(self.media.transcription.model)
 
-    async def transcribe(self, path: Path, mime: str = "") -> str:
-        """The words of the recording at `path`; ModelError with a plain reason."""
+    async def transcribe(self, path: Path, mime: str = "", spend: Spend | None = None) -> str:
+        """The words of the recording at `path`; ModelError with a plain reason. What the
+        transcription cost (tokens where the service counts them, and dollars) goes to
+        `spend`."""
         settings = self.media.transcription
         if not settings.model:
             raise ModelError("no transcription model is configured (media.transcription.model)")
@@ -57,6 +64,8 @@ class Senses:
             log.warning("transcription with %s failed: %s", settings.model, exc)
             raise ModelError(f"the transcription model {settings.model} failed "
                              f"({type(exc).__name__})") from None
+        if spend is not None:
+            await spend(*_usage(result))
         text = str(getattr(result, "text", "") or "").strip()
         if not text:
             raise ModelError("the recording has no words the transcription model could hear")
@@ -83,3 +92,16 @@ class Senses:
                 found = False
             self._known[check] = bool(found)
         return self._known[check]
+
+
+def _usage(result: object) -> tuple[int, float]:
+    """(tokens, dollars) of a transcription: litellm prices it (by the recording's length
+    for whisper) in its hidden parameters; token-billed models report usage too."""
+    usage = getattr(result, "usage", None)
+    tokens = getattr(usage, "total_tokens", None) if usage is not None else None
+    if tokens is None and isinstance(usage, dict):
+        tokens = usage.get("total_tokens")
+    hidden = getattr(result, "_hidden_params", None)
+    cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
+    return (tokens if isinstance(tokens, int) else 0,
+            float(cost) if isinstance(cost, int | float) else 0.0)

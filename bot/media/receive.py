@@ -29,7 +29,7 @@ from bot.core.config import Config
 from bot.core.errors import ModelError
 from bot.core.events import Attachment, UserMessage
 from bot.core.history import Media
-from bot.llm.senses import Senses
+from bot.llm.senses import Senses, Spend
 from bot.media import (
     IMAGE_TOKENS,
     MB,
@@ -96,18 +96,20 @@ class Receiver:
         self.senses = senses
         self.workspace = Path(config.workspace.dir)
 
-    async def receive(self, message: UserMessage) -> Received:
+    async def receive(self, message: UserMessage, spend: Spend | None = None) -> Received:
+        """Fetch and take in the message's files; a transcription's cost goes to `spend`."""
         got = Received()
         for attachment in message.attachments:
             try:
-                await self._one(message, attachment, got)
+                await self._one(message, attachment, got, spend)
             except Exception:  # one bad file must not lose the message
                 log.error("could not receive %s", attachment.name, exc_info=True)
                 got.notes.append(f"Tandem could not take {attachment.name}: something went "
                                  "wrong on its side (the details are in its logs).")
         return got
 
-    async def _one(self, message: UserMessage, attachment: Attachment, got: Received) -> None:
+    async def _one(self, message: UserMessage, attachment: Attachment, got: Received,
+                   spend: Spend | None) -> None:
         kind = kind_of(attachment)
         name = attachment.name
         if kind == "video":
@@ -130,7 +132,7 @@ class Receiver:
         rel = path.relative_to(self.workspace.resolve()).as_posix()
         media = Media(kind, name, rel, str(path), size, attachment.mime or "")
         if kind in ("voice", "audio"):
-            await self._hear(media, got)
+            await self._hear(media, got, spend)
         elif kind == "image":
             await self._see(media, got)
         else:
@@ -173,13 +175,13 @@ class Receiver:
         return new_file(self.workspace, f"{UPLOADS}/{conversation_folder(message.conv)}/{day}",
                         name)
 
-    async def _hear(self, media: Media, got: Received) -> None:
+    async def _hear(self, media: Media, got: Received, spend: Spend | None) -> None:
         if not self.senses.transcribes:
             got.notes.append(f"Tandem cannot listen to voice notes: no transcription model is "
                              f"set (media.transcription.model). It is saved as {media.path}.")
             return
         try:
-            words = await self.senses.transcribe(Path(media.file), media.mime)
+            words = await self.senses.transcribe(Path(media.file), media.mime, spend)
         except ModelError as exc:
             got.notes.append(f"Tandem could not understand {media.name}: {exc}. Nothing else "
                              "was done; send it again or type it.")

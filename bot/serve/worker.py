@@ -187,7 +187,7 @@ class Worker:
         if not batch:
             return
         batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
-        said, notes = await self.intake.said(batch)
+        said, notes = await self.intake.said(batch, conv.row, self.runner.budget)
         for note in notes:
             await self.d.emit(Notice(conv.row.key, note))
         refs = [m.ref for m in batch if m.ref]

@@ -9,11 +9,13 @@ the serving layer never import `bot.ops`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from bot.core.buttons import ItemButton, pack
 from bot.core.events import Button, ConvKey, Notice
+from bot.llm import Completion
 from bot.store import ConvRow
 
 
@@ -48,3 +50,17 @@ class Budget(Protocol):
 
     async def status(self, row: ConvRow, user: str) -> list[str]:
         """`/status` lines: today's spending against each budget set."""
+
+
+def spender(budget: Budget | None, row: ConvRow,
+            user: str) -> Callable[[Completion], Awaitable[None]] | None:
+    """What counts a model call made besides the turn's own steps (a summary of trimmed
+    turns) against `user`'s and the conversation's budgets; None without budgets."""
+    if budget is None:
+        return None
+
+    async def spend(completion: Completion) -> None:
+        if completion.prompt_tokens is not None:
+            await budget.spend(row, user, completion.prompt_tokens
+                               + (completion.completion_tokens or 0), completion.cost)
+    return spend

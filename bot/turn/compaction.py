@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from bot.core.errors import TandemError
@@ -162,8 +162,10 @@ def summary_request(
 async def summarize(
     model: ModelClient, dropped: Sequence[Msg], previous: str | None, max_tokens: int,
     *, max_chars: int = MAX_TRANSCRIPT_CHARS,
+    spend: Callable[[Completion], Awaitable[None]] | None = None,
 ) -> str | None:
     """The model's summary of `dropped` (merged with `previous`), or None to fall back.
+    The call's usage goes to `spend` (the daily budgets count it), used or not.
 
     None (with one warning line) when the call fails, or the answer has tool calls, is
     empty or exceeds `max_tokens` (estimated). Nothing dropped: `previous`, no call.
@@ -186,6 +188,8 @@ async def summarize(
         log.warning("summary failed unexpectedly, falling back to the plain trim: %s: %s",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return None
+    if completion is not None and spend is not None:
+        await spend(completion)
     if completion is None:
         problem = "the stream ended without a completion"
     elif completion.tool_calls:

@@ -32,6 +32,7 @@ from bot.llm import Completion, ContextExceeded
 from bot.store import ApprovalRow, ConvRow
 from bot.tools import outcome_of, parse_arguments
 from bot.turn import compaction, policy, streaming, taint
+from bot.turn.budget import spender
 from bot.turn.cancel import CancelSignal
 from bot.turn.conversation import Conversation
 from bot.turn.deps import Deps as Deps  # `bot.turn.runner.Deps` as before
@@ -162,7 +163,8 @@ class Runner:
             return
         text = await compaction.summarize(
             self.d.model, taint.without_untrusted(dropped, self.d.tools), conv.summary,
-            self.d.config.context.summary_max_tokens)
+            self.d.config.context.summary_max_tokens, spend=spender(
+                self.budget, conv.row, conv.turn.requester if conv.turn else ""))
         if text is None:
             return  # the plain trim stands
         through = max(m.id or 0 for m in dropped)
