@@ -25,6 +25,7 @@ from bot.core.chat_config import (
     TelegramConfig,
     TelegramWebhook,
 )
+from bot.core.context_config import ContextConfig
 from bot.core.errors import ConfigError
 from bot.core.mcp_secrets import credentials
 from bot.core.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
@@ -88,12 +89,6 @@ class Breakers(Section):
     """A model that repeats a skipped call this many times more is looping: end the turn."""
     loop_message: str = ("I stopped: I kept repeating `{tool}` after Tandem told me its "
                          "result was already returned. Please rephrase or try another way.")
-
-
-class ContextConfig(Section):
-    summary: bool = False
-    """When the trim drops turns, have the model summarize them (stored, reused)."""
-    summary_max_tokens: int = Field(default=800, ge=50)
 
 
 class Limits(Section):

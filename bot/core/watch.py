@@ -88,6 +88,26 @@ class ModelCalled:
     completion_tokens: int
     cost: float
     ok: bool
+    cache_read: int = 0
+    """Of `prompt_tokens`: read from the provider's prompt cache."""
+    cache_write: int = 0
+    """Of `prompt_tokens`: written to the provider's prompt cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """What a turn's model calls used (told as the turn ends, when it called the model)."""
+
+    conv: ConvKey
+    requester: str
+    model: str
+    """The model that answered last."""
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cache_read: int
+    cache_write: int
+    cost: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +146,7 @@ class BudgetLifted:
 
 
 Fact = (Asked | Decided | RuleChanged | ToolRan | Refused | ModelCalled | TurnDone
-        | PlatformCall | BudgetReached | BudgetLifted)
+        | TurnUsage | PlatformCall | BudgetReached | BudgetLifted)
 
 
 class Watcher(Protocol):

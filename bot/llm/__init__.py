@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from bot.core.config import LLMConfig
 from bot.core.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
 from bot.core.history import ToolCall
+from bot.llm.caching import cached_tokens, for_model
 from bot.llm.failures import cause, chain, endpoint
 from bot.llm.loading import load, loaded, preload, settle, warm
 
@@ -52,6 +53,10 @@ class Completion:
     completion_tokens: int | None = None
     cost: float = 0.0
     model: str = ""
+    cache_read: int = 0
+    """Of `prompt_tokens`: read from the provider's prompt cache (`bot.llm.caching`)."""
+    cache_write: int = 0
+    """Of `prompt_tokens`: written to the provider's prompt cache."""
 
 
 StreamItem = Delta | Restart | Completion
@@ -148,6 +153,8 @@ class _Assembler:
     calls: dict[int, list[str]] = field(default_factory=dict)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cache: tuple[int, int] = (0, 0)
+    """(read, written) tokens of the prompt cache."""
     chunks: int = 0
 
     def feed(self, chunk: Any) -> str:
@@ -160,6 +167,7 @@ class _Assembler:
         if prompt is not None and (prompt or completion):
             self.prompt_tokens = prompt
             self.completion_tokens = completion
+            self.cache = cached_tokens(usage)
         if not chunk.choices:
             return ""
         delta = chunk.choices[0].delta
@@ -297,7 +305,8 @@ class LiteLLMClient:
         tools: Sequence[dict[str, Any]], acc: _Assembler,
     ) -> AsyncGenerator[StreamItem, None]:
         kwargs: dict[str, Any] = {
-            "model": target["model"], "messages": list(messages), "stream": True,
+            "model": target["model"], "messages": for_model(target["model"], messages),
+            "stream": True,
             "stream_options": {"include_usage": True}, "timeout": self.config.timeout_s,
             "max_tokens": self.config.max_output_tokens, "max_retries": 0,
         }
@@ -318,16 +327,19 @@ class LiteLLMClient:
         yield Completion(
             "".join(acc.text), acc.tool_calls(), acc.prompt_tokens, acc.completion_tokens,
             self._cost(litellm, target["model"], acc), target["model"],
+            cache_read=acc.cache[0], cache_write=acc.cache[1],
         )
 
     @staticmethod
     def _cost(litellm: Any, model: str, acc: _Assembler) -> float:
         if acc.prompt_tokens is None:
             return 0.0
-        try:
+        read, written = acc.cache
+        try:  # cached input priced as the provider prices it: a read's discount, a write's premium
             prompt, completion = litellm.cost_per_token(
                 model=model, prompt_tokens=acc.prompt_tokens,
-                completion_tokens=acc.completion_tokens or 0)
+                completion_tokens=acc.completion_tokens or 0,
+                cache_read_input_tokens=read, cache_creation_input_tokens=written)
             return float(prompt + completion)
         except Exception:  # unknown model: no price known
             return 0.0

@@ -3,7 +3,9 @@
 `Audit` watches the core (`bot.core.watch`) and appends one entry per fact to the store: every
 approval asked and decided (the exact call shown, the button pressed, or its expiry),
 every tool run (its rendered arguments, outcome and duration), every refused access and
-press, every standing rule added or revoked, every budget used up or lifted. The store
+press, every standing rule added or revoked, every budget used up or lifted, and what
+each turn's model calls used (tokens, those read from and written to the prompt cache,
+and the cost as the provider prices them). The store
 only ever appends (its table refuses updates), and entries older than `audit.keep_days`
 are pruned with the first write after a start and then once a day. Texts are redacted
 like everything else.
@@ -33,7 +35,7 @@ FLUSH_S = 0.5
 
 
 AUDITED = frozenset({w.Asked, w.Decided, w.ToolRan, w.RuleChanged, w.Refused,
-                     w.BudgetReached, w.BudgetLifted})
+                     w.BudgetReached, w.BudgetLifted, w.TurnUsage})
 """The facts that make an entry (the rest are only counted, by the metrics)."""
 
 
@@ -61,6 +63,11 @@ def entry(fact: w.Fact, at: float) -> AuditRow | None:
                                                                      scope=scope))
         case w.BudgetLifted(conv, scope, by):
             return AuditRow(at, "budget", str(conv), by, "", _json(change="lifted", scope=scope))
+        case w.TurnUsage(conv, requester, model, calls, prompt, completion, read, written,
+                         cost):
+            return AuditRow(at, "usage", str(conv), requester, "", _json(
+                model=model, calls=calls, prompt_tokens=prompt, completion_tokens=completion,
+                cache_read=read, cache_write=written, cost=round(cost, 6)))
     return None
 
 

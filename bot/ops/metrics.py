@@ -15,7 +15,8 @@ Names and labels (no user ids, no message text, no arguments: nothing secret):
     tandem_turns_total{reason}                 turns ended, by exit reason
     tandem_turn_seconds                        a turn's length, histogram
     tandem_model_call_seconds{ok}              model calls, histogram (ok: true | false)
-    tandem_tokens_total{kind}                  prompt | completion
+    tandem_tokens_total{kind}                  prompt | completion | cache_read | cache_write
+                                               (cached tokens are part of prompt)
     tandem_cost_usd_total                      from litellm's prices
     tandem_tool_runs_total{tool,outcome}       and tandem_tool_seconds{tool}
     tandem_approvals_asked_total               approval cards posted
@@ -131,6 +132,8 @@ class Metrics:
             self._child(self.turns, reason.value)
         self._prompt, self._completion = self.tokens.labels("prompt"), \
             self.tokens.labels("completion")
+        self._cache_read, self._cache_write = self.tokens.labels("cache_read"), \
+            self.tokens.labels("cache_write")
         self._ok = {True: self.model_seconds.labels("true"),
                     False: self.model_seconds.labels("false")}
 
@@ -191,6 +194,10 @@ class Metrics:
             self._prompt.inc(fact.prompt_tokens)
         if fact.completion_tokens:
             self._completion.inc(fact.completion_tokens)
+        if fact.cache_read:
+            self._cache_read.inc(fact.cache_read)
+        if fact.cache_write:
+            self._cache_write.inc(fact.cache_write)
         if fact.cost > 0:
             self.cost.inc(fact.cost)
 

@@ -103,6 +103,7 @@ async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
         "turns trimmed" + (" (summarized)" if conv.summary else ""),
         f"This conversation: {row.prompt_tokens:,} prompt + {row.completion_tokens:,} "
         f"completion tokens, ${row.cost:.4f}",
+        *([cache] if (cache := conv.usage.status()) else []),
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
         f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]

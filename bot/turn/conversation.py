@@ -17,6 +17,7 @@ from bot.turn import TurnState
 from bot.turn.breakers import Ledger
 from bot.turn.compaction import safe_cut
 from bot.turn.context import sanitize, trim
+from bot.turn.usage import Recent
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,6 +45,8 @@ class Conversation:
     unread: set[str] = field(default_factory=set)
     """Calls that finished without running (denied, expired, skipped, interrupted): their
     results are Tandem's own words, so they hold nothing read from outside."""
+    usage: Recent = field(default_factory=Recent)
+    """Tokens, cached tokens and cost of the last turns (`/status`)."""
     _prefix: _Prefix = field(default_factory=lambda: _Prefix())
     """Sanitized wire messages of the finished turns in view (extended, never redone)."""
 
@@ -62,11 +65,15 @@ class Conversation:
         self.kept += msg.tokens
         self.call_ids.update(c.id for c in msg.tool_calls)
 
-    def trim_to(self, budget: int) -> bool:
-        """Drop whole turns, oldest first, never the current one, until the estimated
-        tokens of what is kept fit `budget`. True if anything was dropped."""
+    def trim_to(self, budget: int, low: int | None = None) -> bool:
+        """When the estimated tokens of what is kept exceed `budget`, drop whole turns,
+        oldest first, never the current one, until they fit `low` (the low-water mark,
+        default `budget`). True if anything was dropped."""
         before = self.cut
-        self.cut, self.kept = trim(self.history, self.starts, self.cut, self.kept, budget)
+        if self.kept <= budget:
+            return False
+        low = budget if low is None else min(low, budget)
+        self.cut, self.kept = trim(self.history, self.starts, self.cut, self.kept, low)
         if self.cut != before and self.starts:  # no kept result may lose its call
             safe = min(safe_cut(self.history, self.starts, self.cut), self.starts[-1])
             if safe > self.cut:
@@ -97,7 +104,12 @@ class Conversation:
         return self.history[self.cut :]
 
     def wire_window(self) -> list[dict[str, Any]]:
-        """The sanitized window as wire dicts.
+        """The sanitized window as wire dicts (`wire_parts`, joined)."""
+        finished, current = self.wire_parts()
+        return finished + current
+
+    def wire_parts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The sanitized window as wire dicts: the finished turns, and the current one.
 
         A finished turn starts with a user message, which closes every earlier call, so
         sanitizing turn by turn gives the same result as sanitizing the whole window
@@ -105,7 +117,7 @@ class Conversation:
         reused; only the current turn is sanitized on every call.
         """
         if not self.starts:
-            return []
+            return [], []
         current = self.starts[-1]
         prefix = self._prefix
         if prefix.start != self.cut or prefix.end > current:
@@ -114,7 +126,7 @@ class Conversation:
             i = bisect_left(self.starts, prefix.end)
             for start, end in zip(self.starts[i:], self.starts[i + 1 :], strict=False):
                 prefix.add(start, end, [m.wire() for m in sanitize(self.history[start:end])])
-        return prefix.wire + [m.wire() for m in sanitize(self.history[current:])]
+        return list(prefix.wire), [m.wire() for m in sanitize(self.history[current:])]
 
     def calibrate(self, estimated: int, actual: int) -> None:
         if estimated > 0 and actual > 0:

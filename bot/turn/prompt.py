@@ -3,10 +3,15 @@
 The request for step k+1 of a turn starts with the request for step k byte for byte
 (a summary of trimmed turns, with `context.summary`, follows the system prompt):
 the system prompt is reused while the persona is unchanged, finished turns are
-sanitized once, and the state note (time, context used, scheduled tasks) is the
-**last** message, after any tool results, and never stored. Estimates cover the whole
-request and are calibrated against the provider's real counts, so the trim that runs
-once per turn leaves room for everything that is sent.
+sanitized once, and the state note (time, context used, scheduled tasks, and the
+`remember` notes of this conversation or person) is the **last** message, after any
+tool results, and never stored. So a new note reaches the very next request without
+changing the prefix the provider has cached, and until the trim moves the start of the
+history, turn k+1's request starts with turn k's. Where a provider caches only up to a
+breakpoint, the messages that end a stable stretch carry a mark (`bot.llm.caching`): the
+system prompt, the last message of the finished turns and the newest message before the
+note. Estimates cover the whole request and are calibrated against the provider's real
+counts, so the trim that runs once per turn leaves room for everything that is sent.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from zoneinfo import ZoneInfo
 
 from bot.core.config import Config
 from bot.core.history import estimate_tokens
+from bot.llm.caching import mark, markable
 from bot.tools import Registry
 from bot.turn.compaction import with_summary
 from bot.turn.context import check_system_fits
@@ -49,34 +55,44 @@ class Prompt:
         self.memory = memory or Memory(persona.dir, config.memory.scope,
                                        config.persona.max_file_chars)
         self.tz = ZoneInfo(config.scheduler.timezone)
-        self._systems: dict[tuple[int, int], tuple[str, str, str, int]] = {}
-        """(id of the persona prompt, id of the notes) -> (both, the prompt, its tokens)."""
+        self._notes: dict[int, tuple[str, str, int]] = {}
+        """id of the notes -> (the notes, their section of the state note, its tokens)."""
+        self._system_seen: tuple[str | None, int] = (None, 0)
+        """(the persona prompt last estimated, its tokens)."""
         self._tools_seen = (-1, 0)
         """(registry version, estimated tokens of its schemas)."""
 
     def system(self, conv: Conversation | None = None) -> str:
-        """The persona's prompt with this conversation's notes, read again (cheaply) for
-        every request; unchanged files give the same string object back."""
-        return self._system(conv)[0]
+        """The persona's prompt, read again (cheaply) for every request; unchanged files
+        give the same string object back. (`remember` notes go in the state note.)"""
+        return self.persona.system_prompt()
 
-    def _system(self, conv: Conversation | None) -> tuple[str, int]:
+    def _system_tokens(self) -> int:
         base = self.persona.system_prompt()
-        notes = ""
-        if conv is not None:
-            notes = self.memory.section(conv.row.key, conv.turn.requester if conv.turn else "")
-        key = (id(base), id(notes))
-        cached = self._systems.get(key)
-        if cached is None or cached[0] is not base or cached[1] is not notes:
-            prompt = f"{base}\n\n{notes}" if notes else base
-            if len(self._systems) > 1_000:
-                self._systems.clear()
-            cached = self._systems[key] = (base, notes, prompt, estimate_tokens(prompt))
-        return cached[2], cached[3]
+        if self._system_seen[0] is not base:
+            self._system_seen = (base, estimate_tokens(base))
+        return self._system_seen[1]
+
+    def notes(self, conv: Conversation | None) -> tuple[str, int]:
+        """This conversation's (or person's) `remember` notes as a section of the state
+        note, and its estimated tokens ("" when there are none)."""
+        if conv is None:
+            return "", 0
+        notes = self.memory.section(conv.row.key, conv.turn.requester if conv.turn else "")
+        if not notes:
+            return "", 0
+        cached = self._notes.get(id(notes))
+        if cached is None or cached[0] is not notes:
+            section = f"Notes remembered here (`remember`), newest state:\n\n{notes}"
+            if len(self._notes) > 1_000:
+                self._notes.clear()
+            cached = self._notes[id(notes)] = (notes, section, estimate_tokens(section) + 2)
+        return cached[1], cached[2]
 
     def fixed(self, conv: Conversation | None = None) -> int:
-        """Estimated tokens sent with every request: system prompt, tools, summary."""
+        """Estimated tokens sent with every request: system prompt, tools, summary, notes."""
         summary = estimate_tokens(conv.summary) + 8 if conv is not None and conv.summary else 0
-        return self._system(conv)[1] + self._tool_tokens() + summary
+        return self._system_tokens() + self._tool_tokens() + summary + self.notes(conv)[1]
 
     def _tool_tokens(self) -> int:
         version, tokens = self._tools_seen
@@ -111,10 +127,22 @@ class Prompt:
                 f"tokens{older}.{tasks}]")
 
     def build(self, conv: Conversation, window: int) -> Request:
-        system = [{"role": "system", "content": self.system(conv)}]
+        system = [mark({"role": "system", "content": self.system(conv)})]
         messages = with_summary(system, conv.summary)
-        messages.extend(conv.wire_window())
-        note = self.note(conv, window)
-        messages.append({"role": "user", "content": note})
-        estimated = self.fixed(conv) + conv.kept + estimate_tokens(note)
+        finished, current = conv.wire_parts()
+        messages += _marked_last(finished)
+        messages += _marked_last(current)
+        state = self.note(conv, window)
+        notes = self.notes(conv)[0]
+        messages.append({"role": "user", "content": f"{state}\n\n{notes}" if notes else state})
+        estimated = self.fixed(conv) + conv.kept + estimate_tokens(state)
         return Request(messages, estimated)
+
+
+def _marked_last(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with a breakpoint mark on the last one that can carry it (a new list;
+    the dicts it shares are not changed)."""
+    for i in range(len(messages) - 1, -1, -1):
+        if markable(messages[i]):
+            return [*messages[:i], mark(messages[i]), *messages[i + 1:]]
+    return messages

@@ -38,6 +38,7 @@ from bot.turn.conversation import Conversation
 from bot.turn.deps import Deps as Deps  # `bot.turn.runner.Deps` as before
 from bot.turn.prompt import Request
 from bot.turn.streaming import Scratch
+from bot.turn.usage import Spent
 
 log = logging.getLogger(__name__)
 RAN = frozenset({Outcome.OK, Outcome.ERROR})
@@ -155,8 +156,7 @@ class Runner:
 
     async def _trim(self, conv: Conversation) -> None:
         window = await self.window()
-        if not conv.trim_to(self.d.prompt.history_budget(conv, window)) \
-                or not self.d.config.context.summary:
+        if not self._trim_to_low_water(conv, window) or not self.d.config.context.summary:
             return
         dropped = [m for m in conv.history[:conv.cut] if (m.id or 0) > conv.summary_through]
         if not dropped:
@@ -170,7 +170,11 @@ class Runner:
         through = max(m.id or 0 for m in dropped)
         await self.d.store.set_summary(conv.row.id, conv.row.session, through, text)
         conv.summary, conv.summary_through = text, through
-        conv.trim_to(self.d.prompt.history_budget(conv, window))  # the summary takes room
+        self._trim_to_low_water(conv, window)  # the summary takes room
+
+    def _trim_to_low_water(self, conv: Conversation, window: int) -> bool:
+        budget = self.d.prompt.history_budget(conv, window)
+        return conv.trim_to(budget, int(budget * self.d.config.context.low_water))
 
     @staticmethod
     def _keep(conv: Conversation, state: t.TurnState, *, done: bool) -> None:
@@ -270,6 +274,7 @@ class Runner:
         completion = replace(completion, text=redact(completion.text))
         new = t.model_step(state, tuple(calls))
         usage = None
+        conv.usage.add(state.turn, Spent.of(completion))
         if completion.prompt_tokens is not None:
             usage = (completion.prompt_tokens, completion.completion_tokens or 0, completion.cost)
             if self.budget is not None:
@@ -369,6 +374,8 @@ class Runner:
                                              reason.value, last, step=counted, show=text)
         if stored is not None:
             conv.append(stored)
+        if (spent := conv.usage.of(state.turn)) is not None:
+            await self.d.watch.see(spent.told(row.key, state.requester))
         self._keep(conv, step.state, done=True)
         await self.d.watch.see(w.TurnDone(row.key, reason.value,
                                           time.monotonic() - scratch.started))

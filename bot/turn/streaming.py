@@ -63,7 +63,8 @@ async def complete(model: ModelClient, request: Request, tools: list[dict[str, A
         await watch.see(ModelCalled(name, time.monotonic() - started,
                                     completion.prompt_tokens or 0,
                                     completion.completion_tokens or 0,
-                                    completion.cost or 0.0, True))
+                                    completion.cost or 0.0, True,
+                                    completion.cache_read, completion.cache_write))
     return completion
 
 

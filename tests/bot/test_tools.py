@@ -574,8 +574,10 @@ async def test_remember_asks_then_reaches_the_very_next_model_request(
         await core.hub.submit(Decision(core.key, core.user, card.approval_id, Verdict.APPROVE))
         [ended] = await core.sink.ended()
     assert ended.text == "Got it, Xiaoniu."
-    systems = [r["messages"][0]["content"] for r in model.requests]
-    assert fact not in systems[0] and fact in systems[1]
+    notes = [r["messages"][-1]["content"] for r in model.requests]  # the state note
+    assert fact not in notes[0] and fact in notes[1]
+    # out of the cached prefix: the system prompt stays byte for byte what it was
+    assert model.requests[0]["messages"][0] == model.requests[1]["messages"][0]
     result = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert result == [f"remembered in USER.md: {fact}"]
 
@@ -597,9 +599,11 @@ async def test_memory_scope_decides_whose_prompt_a_note_enters(
         await core.sink.ended(2)
         await core.say("hello, I am Bob", user=bob)
         await core.sink.ended(3)
-    systems = [r["messages"][0]["content"] for r in model.requests]
-    seen = {"same chat": fact in systems[1], "Ann elsewhere": fact in systems[2],
-            "Bob in the same chat": fact in systems[3]}
+    # a scoped note is in the state note (last), the persona's own files in the system prompt
+    seen_by = [r["messages"][0]["content"] + r["messages"][-1]["content"]
+               for r in model.requests]
+    seen = {"same chat": fact in seen_by[1], "Ann elsewhere": fact in seen_by[2],
+            "Bob in the same chat": fact in seen_by[3]}
     expected = {"conversation": {"same chat": True, "Ann elsewhere": False,
                                  "Bob in the same chat": True},
                 "user": {"same chat": True, "Ann elsewhere": True,
