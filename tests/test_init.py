@@ -17,6 +17,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from adapters.telegram_webhook import check
 from bot.core.config import Config, load_config
 from tests.fakes.model_server import FakeModelServer
 from tests.fakes.slack_server import FakeSlackServer
@@ -208,6 +209,11 @@ async def test_a_script_sets_up_with_flags_and_the_environment_and_never_asks(
     assert private(folder / "config.yaml") and private(folder / ".env")
     loaded = load_written(folder / "config.yaml", monkeypatch)
     assert loaded.telegram.token == TOKEN and loaded.telegram.approvers == [42]
+    made = loaded.telegram.webhook.secret_token  # for webhook mode, made here
+    assert made and len(made) >= 32 and f"TELEGRAM_WEBHOOK_SECRET={made}\n" in \
+        (folder / ".env").read_text() and made not in (folder / "config.yaml").read_text()
+    hook = loaded.telegram.webhook.model_copy(update={"url": "https://t.example/telegram"})
+    assert check(hook) == ("https://t.example/telegram", made)
 
     before = (folder / ".env").read_text()
     done = await asyncio.to_thread(init, folder, *given, "--telegram-token", TOKEN)

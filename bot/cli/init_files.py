@@ -11,6 +11,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Literal
 
 from pydantic import ValidationError
@@ -27,6 +28,9 @@ class TelegramAnswers:
     base_url: str = TelegramConfig().base_url
     allowed_users: list[int | str] = field(default_factory=list)
     approvers: list[int | str] = field(default_factory=list)
+    webhook_secret: str = field(default_factory=lambda: token_urlsafe(32))
+    """For webhook mode (`telegram.webhook.secret_token`): 43 random characters, made
+    here, never asked for."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,6 +63,7 @@ def secrets(answers: Answers) -> dict[str, str]:
     tg, slack = answers.telegram, answers.slack
     found = {"LLM_API_KEY": answers.api_key,
              "TELEGRAM_BOT_TOKEN": tg.token if tg else "",
+             "TELEGRAM_WEBHOOK_SECRET": tg.webhook_secret if tg else "",
              "SLACK_BOT_TOKEN": slack.bot_token if slack else "",
              "SLACK_APP_TOKEN": slack.app_token if slack and slack.mode == "socket" else "",
              "SLACK_SIGNING_SECRET": slack.signing_secret if slack and slack.mode == "http"
@@ -87,7 +92,9 @@ def render_config(answers: Answers) -> str:
         if tg.base_url != TelegramConfig().base_url:
             lines.append(f"  base_url: {_yaml(tg.base_url)}")
         lines += [*access, f"  allowed_users: {_yaml(tg.allowed_users)}",
-                  f"  approvers: {_yaml(tg.approvers)}"]
+                  f"  approvers: {_yaml(tg.approvers)}",
+                  "  # webhook mode (several workers): add `mode: webhook` and `webhook.url`",
+                  "  webhook:", '    secret_token: "${TELEGRAM_WEBHOOK_SECRET}"']
     if slack := answers.slack:
         lines += ["", "slack:", "  enabled: true", f"  mode: {slack.mode}",
                   '  bot_token: "${SLACK_BOT_TOKEN}"']
@@ -104,6 +111,17 @@ def render_env(answers: Answers) -> str:
     lines = ["# Secrets for config.yaml, written by `tandem init`. Keep this file private:",
              "# a variable set in the environment wins over its line here."]
     return "\n".join([*lines, *(f"{k}={v}" for k, v in secrets(answers).items())]) + "\n"
+
+
+def written(path: Path, name: str) -> str | None:
+    """The value `.env` at `path` gives `name`, if it exists and does."""
+    if not path.is_file():
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, equals, value = line.partition("=")
+        if equals and key.strip() == name and value.strip():
+            return value.strip()
+    return None
 
 
 def write_private(path: Path, text: str) -> None:

@@ -42,6 +42,7 @@ from bot.cli.init_files import (
     render_env,
     secrets,
     write_private,
+    written,
 )
 from bot.core.config import SlackConfig, TelegramConfig
 
@@ -358,6 +359,9 @@ def _live(platform: str, function: str, token: str, base_url: str) -> tuple[str,
 # -- writing and checking ---------------------------------------------------------------
 
 def _write(term: Terminal, where: Where, answers: Answers) -> None:
+    kept = written(where.env, "TELEGRAM_WEBHOOK_SECRET")
+    if answers.telegram and kept:  # Telegram knows it already: keep it
+        answers.telegram.webhook_secret = kept
     where.config.parent.mkdir(parents=True, exist_ok=True)
     write_private(where.env, render_env(answers))
     write_private(where.config, render_config(answers))

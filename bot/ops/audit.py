@@ -27,6 +27,7 @@ from typing import Any
 from bot.core import watch as w
 from bot.core.errors import StoreError
 from bot.core.redact import Redactor
+from bot.ops.strangers import Strangers
 from bot.store import AuditRow, Store
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,18 @@ class Audit:
         self.keep_s = keep_days * DAY_S
         self.clock = clock
         self._pruned = 0.0
+        self.strangers = Strangers()
         self._facts: list[tuple[w.Fact, float]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def see(self, fact: w.Fact) -> None:
         if type(fact) not in AUDITED:
             return
+        if isinstance(fact, w.Refused):
+            kept = self.strangers.entry(fact, self.clock())  # one entry per sender a while
+            if kept is None:
+                return
+            fact = kept
         self._facts.append((fact, self.clock()))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._later())

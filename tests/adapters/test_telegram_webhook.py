@@ -20,6 +20,7 @@ import pytest
 from telegram import Bot
 
 from adapters.telegram import TelegramAdapter, create
+from adapters.telegram_webhook import THROTTLE_FAILURES, Throttle
 from bot.core.config import Config
 from bot.core.errors import ConfigError
 from bot.core.events import ConvKey, Notice
@@ -30,7 +31,7 @@ from tests.fakes.telegram_server import SECRET_HEADER, FakeTelegram
 from tests.suites.harness import ANN, FAST, tg_config, tg_rig
 
 BOB = 43
-SECRET = "wh-secret_0123"
+SECRET = "wh-secret_0123456789abcdefghijklmnopqrstu"
 PUBLIC = "https://tandem.example/telegram"
 
 
@@ -140,6 +141,9 @@ async def test_bad_requests_are_refused_and_nothing_is_handled(
         assert await post(url, b"not json at all", "nope") == 401  # the body is not read
         assert await post(url, b"not json at all", SECRET) == 400
         assert await post(url, b"\xff\xfe", SECRET) == 400
+        deep = b"[" * 200_000 + b"]" * 200_000  # past the JSON parser's recursion limit
+        assert await post(url, deep, SECRET) == 400
+        assert await post(url, b'{"update_id": 1, "x": ' + deep + b"}", SECRET) == 400
         for body in (b"[1, 2]", b'"text"', b"{}", b'{"update_id": "5"}', b'{"update_id": true}'):
             assert await post(url, body, SECRET) == 400, body
         # an update the library cannot parse is skipped with a 200 (else: retried forever)
@@ -151,6 +155,34 @@ async def test_bad_requests_are_refused_and_nothing_is_handled(
                 assert response.status == 404
         await rig.settle()  # each post was answered after its update was handled
     assert model.requests == [] and fake.chat(ANN) == [] and fake.calls_to("sendMessage") == []
+
+
+async def test_wrong_secrets_are_throttled_per_address(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    """After ten wrong secrets in a minute, the address gets 429 without being checked,
+    the right secret too: guessing stops."""
+    update = b'{"update_id": 9}'
+    async with tg_rig(tmp_path, model, fake, mode="webhook", webhook=webhook()) as rig:
+        url = rig.adapter.url
+        assert url is not None
+        for i in range(THROTTLE_FAILURES):
+            assert await post(url, update, f"guess-{i}") == 401
+        assert await post(url, update, "guess-again") == 429
+        assert await post(url, b"{}", SECRET) == 429  # not even checked
+    clock = [1000.0]
+    throttle = Throttle(lambda: clock[0])
+    for _ in range(THROTTLE_FAILURES - 1):
+        throttle.failed("10.0.0.1")
+        clock[0] += 5
+    assert throttle.wait("10.0.0.1") == 0
+    throttle.failed("10.0.0.1")
+    assert throttle.wait("10.0.0.1") == 60 and throttle.wait("10.0.0.2") == 0
+    clock[0] += 59.5  # the first failures are older than a minute: it still waits
+    assert throttle.wait("10.0.0.1") == 1
+    clock[0] += 1
+    assert throttle.wait("10.0.0.1") == 0
+    throttle.failed("10.0.0.1")  # it starts over
+    assert throttle.wait("10.0.0.1") == 0
 
 
 async def test_lost_answer_is_redelivered_and_answered_once(
@@ -275,6 +307,8 @@ async def test_polling_mode_still_polls(tmp_path: Path, model: FakeModelServer,
     ({"secret_token": None}, "telegram.webhook.secret_token", "is required"),
     ({"secret_token": ""}, "telegram.webhook.secret_token", "is required"),
     ({"secret_token": "has spaces"}, "telegram.webhook.secret_token", "1-256 characters"),
+    ({"secret_token": "x"}, "telegram.webhook.secret_token", "at least 32 characters"),
+    ({"secret_token": "a" * 31}, "telegram.webhook.secret_token", "at least 32 characters"),
     ({"url": None}, "telegram.webhook.url", "is required"),
     ({"url": "http://tandem.example/telegram"}, "telegram.webhook.url", "https://"),
     ({"path": "telegram"}, "telegram.webhook.path", "must start with /"),

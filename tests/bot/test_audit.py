@@ -128,3 +128,28 @@ def test_the_text_view_writes_out_line_breaks_and_escapes(
     assert first.endswith(f"ran by 42: shell ls⟨U+000A⟩{forged} → ok in 0.1 s")
     assert second.endswith("rule added by 42: shell echo hi⟨U+001B⟩[2K⟨U+001B⟩[1A"
                            "⟨U+000D⟩⟨U+2028⟩")
+
+
+async def test_a_strangers_refusals_make_one_entry_per_sender_in_ten_minutes(
+        store: Store) -> None:
+    clock = [1_800_000_000.0]
+    audit = Audit(store, redact.Redactor(), keep_days=90, clock=lambda: clock[0])
+    for _ in range(50):
+        await audit.see(w.Refused("telegram", "77", "access", "not allowed"))
+        clock[0] += 1
+    await audit.see(w.Refused("telegram", "78", "access", "not allowed"))
+    await audit.see(w.Refused("slack", "77", "access", "not allowed"))  # another sender
+    await audit.see(w.Refused("telegram", "78", "press", "expired"))  # not a stranger's
+    await audit.see(w.Refused("telegram", "78", "press", "expired"))
+    clock[0] += 600
+    await audit.see(w.Refused("telegram", "77", "access", "not allowed"))
+    await audit.close()
+    rows = [(r.actor, json.loads(r.detail)["platform"], json.loads(r.detail)["what"],
+             json.loads(r.detail)["why"]) for r in await store.audit()]
+    assert rows == [
+        ("77", "telegram", "access", "not allowed"),
+        ("78", "telegram", "access", "not allowed"),
+        ("77", "slack", "access", "not allowed"),
+        ("78", "telegram", "press", "expired"), ("78", "telegram", "press", "expired"),
+        ("77", "telegram", "access",
+         "not allowed (49 more refusals of this sender since the last entry)")]

@@ -47,7 +47,7 @@ from tests.waiting import within
 
 JSON = dict[str, Any]
 HOST = "127.0.0.1"
-TG_SECRET = "cluster-webhook-secret"
+TG_SECRET = "cluster-webhook-secret-0123456789abcdef"
 READY_S = 120.0
 """How long a worker may take to start (litellm's import on a busy 2-core machine)."""
 STOP_S = 30.0
