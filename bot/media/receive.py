@@ -201,10 +201,16 @@ class Receiver:
             got.lines.append(_saved("a picture", media))
             got.media.append(media)
             return
-        from bot.core.images import data_url
+        from bot.core.images import TooManyPixels, prepare
 
-        try:
-            await asyncio.to_thread(data_url, Path(media.file))  # checks it, and warms
+        try:  # decoded once, here and off the event loop; the scaled result is kept
+            await asyncio.to_thread(prepare, Path(media.file))
+        except TooManyPixels as exc:
+            got.notes.append(f"{media.name} is too large a picture to look at: {exc}. It is "
+                             f"saved as {media.path}; send a smaller one or a JPEG.")
+            got.lines.append(_saved("a picture too large to show", media))
+            got.media.append(_with(media, kind="document"))
+            return
         except (OSError, ValueError) as exc:
             got.notes.append(f"{media.name} could not be read as a picture ({exc}); it is "
                              f"saved as {media.path}.")
