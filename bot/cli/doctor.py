@@ -41,14 +41,18 @@ def doctor(config: Config, *, quick: bool = False) -> int:
 
 
 async def _quick(config: Config) -> list[Result]:
+    """The sandbox too when it is on (Tandem would not start without it)."""
+    shell = config.tools.shell.sandbox == "bwrap"
     return [("config", OK, f"loaded from {config.source or 'built-in defaults'}"),
-            *_persona(config), *await _database(config)]
+            *_persona(config), *await _database(config), *(sandbox(config) if shell else [])]
 
 
 async def _everything(config: Config) -> list[Result]:
     local, live, mcp, model = await asyncio.gather(
         _quick(config), _platform_checks(config), _mcp(config), _model(config))
-    return [*local, *privacy(config), *_by_platform([*_platforms(config), *live]), *mcp, *model]
+    shell = [] if config.tools.shell.sandbox == "bwrap" else sandbox(config)  # else in local
+    return [*local, *shell, *privacy(config), *_by_platform([*_platforms(config), *live]),
+            *mcp, *model]
 
 
 def _by_platform(results: list[Result]) -> list[Result]:
@@ -99,6 +103,21 @@ async def _database(config: Config) -> list[Result]:
         else:
             out.append(("workers", OK, f"{workers} alive, {depth} jobs queued or running"))
     return out
+
+
+def sandbox(config: Config) -> list[Result]:
+    """Whether the shell's sandbox runs here: a `true` run in it, as every command would be."""
+    from bot.tools import sandbox as bwrap
+
+    why = bwrap.check(config.tools.shell)
+    if config.tools.shell.sandbox != "bwrap":
+        works = "bubblewrap works here" if why is None else f"it could not run here: {why}"
+        return [("sandbox", OK, f"off (tools.shell.sandbox: none); {works}")]
+    if why is not None:
+        return [("sandbox", BAD, f"{why}. Tandem will not start with tools.shell.sandbox: "
+                 "bwrap until it runs")]
+    return [("sandbox", OK, "shell commands run under bubblewrap (no network, own "
+             "processes, only the workspace writable)")]
 
 
 def _private_paths(config: Config) -> list[Path]:

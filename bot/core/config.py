@@ -38,10 +38,12 @@ from bot.core.sections import (
     Section,
     TranscriptionConfig,
 )
+from bot.core.tools_config import ShellConfig, ToolsConfig, WebFetchConfig
 
 __all__ = ["Config", "SlackAssistant", "SlackConfig", "TelegramConfig", "TelegramWebhook",
            "McpConfig", "McpServerConfig", "McpTools", "MediaConfig", "Policy",
-           "Section", "TranscriptionConfig", "load_config", "require"]
+           "Section", "ShellConfig", "ToolsConfig", "TranscriptionConfig", "WebFetchConfig",
+           "load_config", "require"]
 
 
 class LLMConfig(Section):
@@ -111,20 +113,10 @@ class SchedulerConfig(Section):
     misfire_grace_s: int = Field(default=3600, ge=1)
 
 
-class WebFetchConfig(Section):
-    allow_private: bool = False
-    max_bytes: int = 2_000_000
-    timeout_s: float = 20.0
-
-
 class MemoryConfig(Section):
     scope: Literal["conversation", "user", "global"] = "conversation"
     """Whose prompt a `remember` note enters: this conversation's, this user's (in every
     conversation), or every conversation's (the persona's own USER.md / MEMORY.md)."""
-
-
-class ToolsConfig(Section):
-    web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
 
 
 class Config(Section):

@@ -12,9 +12,10 @@ from typing import BinaryIO
 
 from bot.core import redact
 from bot.core.config import Config
-from bot.core.errors import ToolError
+from bot.core.errors import ConfigError, ToolError
 from bot.core.events import Event
 from bot.core.redact import Redactor
+from bot.core.tools_config import ShellConfig
 from bot.llm import LiteLLMClient, ModelClient
 from bot.llm.senses import Senses
 from bot.media import FilePort, size_text
@@ -29,7 +30,7 @@ from bot.serve.scheduler import Scheduler
 from bot.serve.worker import LanesFactory
 from bot.store import Store
 from bot.store.backends import POSTGRES_SCHEMES, open_store
-from bot.tools import Registry, Tool, ToolContext, files, memory, send, shell, tasks, web
+from bot.tools import Registry, Tool, ToolContext, files, memory, sandbox, send, shell, tasks, web
 from bot.tools.mcp import Servers
 from bot.turn.conversation import Conversation
 from bot.turn.memory import scope_dir
@@ -58,8 +59,9 @@ class Dispatch:
         await sink.emit(self.redactor.event(event))
 
 
-def default_tools(workspace: Path = Path("workspace")) -> list[Tool]:
-    return [*files.TOOLS, *shell.TOOLS, *tasks.TOOLS, *web.TOOLS, *memory.TOOLS,
+def default_tools(workspace: Path = Path("workspace"),
+                  shell_config: ShellConfig | None = None) -> list[Tool]:
+    return [*files.TOOLS, *shell.tools(shell_config), *tasks.TOOLS, *web.TOOLS, *memory.TOOLS,
             send.tool(workspace)]
 
 
@@ -104,7 +106,9 @@ class ToolEnv:
                     "untrack_process": functools.partial(self.store.untrack_process,
                                                          owner=self.owner),
                     "scheduler": self.scheduler,
-                    "web_fetch": config.tools.web_fetch,
+                    "web_fetch": config.tools.web_fetch, "shell": config.tools.shell,
+                    "store_dir": (Path(config.store.path).parent
+                                  if config.store.url is None else None),
                     "persona_max_chars": config.persona.max_file_chars,
                     "requester": requester, "send_file": self._sender(conv)})
 
@@ -133,11 +137,14 @@ def build(config: Config, *, model: ModelClient | None = None, store: Store | No
     """The hub with its dependencies; the caller opens the store and adds sinks. With
     `cluster`, the conversations' work is shared with the other workers; without one, on
     PostgreSQL (a terminal beside them), each conversation is held while it is handled."""
+    if sandbox.enabled(config.tools.shell) and (why := sandbox.check(config.tools.shell)):
+        raise ConfigError("tools.shell.sandbox", f"the shell's sandbox cannot run here: {why}")
     redactor = redact.known(config.secrets())
     dispatch = Dispatch(redactor)
     store = store or open_store(config.store.target, pool_size=config.store.pool_size)
     persona = Persona(config.persona.dir, config.persona.max_file_chars)
-    registry = Registry(default_tools(Path(config.workspace.dir)) if tools is None else tools)
+    registry = Registry(default_tools(Path(config.workspace.dir), config.tools.shell)
+                        if tools is None else tools)
     scheduler = Scheduler(store, config.scheduler.timezone, config.scheduler.misfire_grace_s)
     env = ToolEnv(config, store, scheduler, protected_paths(config),
                   shell.clean_env(dict(os.environ), config.secrets()), dispatch.ports,

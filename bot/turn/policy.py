@@ -22,7 +22,7 @@ from bot.core.events import ConvKey
 from bot.core.history import Msg, Outcome, ToolCall
 from bot.media import foreign
 from bot.store import Store, new_id
-from bot.tools import Registry, parse_arguments
+from bot.tools import Registry, parse_arguments, sandbox
 from bot.turn import taint
 
 
@@ -46,6 +46,8 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
     if policy == "deny":
         return t.Refuse(Outcome.DENIED,
                         f"denied: the `{call.name}` tool is disabled by Tandem's policy")
+    # `sandboxed`: allow in the shell's sandbox without the network, ask otherwise
+    policy = sandbox.policy(policy, tool.name, config.tools.shell, args)
     if await store.has_rule(conv_id, call.name, tool.rule_key(args)):
         return t.Allow()  # a human allowed this exact call here for good
     workspace = Path(config.workspace.dir)
