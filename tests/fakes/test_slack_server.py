@@ -877,3 +877,114 @@ async def test_assistant_status_and_suggested_prompts(monkeypatch: pytest.Monkey
         fake.scopes.discard("assistant:write")
         dropped = client.assistant_threads_setStatus(channel_id="D1", thread_ts=root, status="x")
         assert await api_error(dropped) == "missing_scope"
+
+
+# -- Block Kit, as slack_sdk's models and Slack's documented limits read it -------------
+
+
+async def refused_blocks(fake: FakeSlackServer, blocks: list[Any]) -> list[str]:
+    """The errors chat.postMessage gives these blocks (it must refuse them)."""
+    with pytest.raises(SlackApiError) as err:
+        await web_client(fake).chat_postMessage(channel="C1", text="t", blocks=blocks)
+    assert err.value.response["error"] == "invalid_blocks"
+    errors: list[str] = err.value.response["errors"]
+    return errors
+
+
+def text_object(text: str, kind: str = "mrkdwn") -> dict[str, Any]:
+    return {"type": kind, "text": text}
+
+
+def button_element(action_id: str, label: str = "b", **extra: Any) -> dict[str, Any]:
+    return {"type": "button", "action_id": action_id,
+            "text": text_object(label, "plain_text"), **extra}
+
+
+async def test_blocks_are_read_by_the_sdk_models(fake: FakeSlackServer) -> None:
+    assert await refused_blocks(fake, [{"type": "sparkle", "text": "x"}]) == [
+        "unsupported type: 'sparkle' [json-pointer:/blocks/0/type]"
+    ]
+    header = {"type": "header", "text": text_object("h" * 151, "plain_text")}
+    assert await refused_blocks(fake, [header]) == [
+        "text attribute cannot exceed 150 characters [json-pointer:/blocks/0]"
+    ]
+    long_label = {"type": "actions", "elements": [button_element("a", "l" * 76)]}
+    assert await refused_blocks(fake, [long_label]) == [
+        "text attribute cannot exceed 75 characters [json-pointer:/blocks/0]"
+    ]
+    style = {"type": "actions", "elements": [button_element("a", style="loud")]}
+    assert (await refused_blocks(fake, [style]))[0].startswith("style attribute must be one of")
+    fields = {"type": "section", "fields": [text_object("f")] * 11}
+    assert await refused_blocks(fake, [fields]) == [
+        "fields attribute cannot exceed 10 items [json-pointer:/blocks/0]"
+    ]
+    context = {"type": "context", "elements": [text_object("c")] * 11}
+    assert await refused_blocks(fake, [context]) == [
+        "elements attribute cannot exceed 10 elements [json-pointer:/blocks/0]"
+    ]
+    long_id = {"type": "divider", "block_id": "i" * 256}
+    assert await refused_blocks(fake, [long_id]) == [
+        "block_id cannot exceed 255 characters [json-pointer:/blocks/0]"
+    ]
+    # what the models would drop or coerce is refused, not silently changed
+    unknown = {"type": "section", "text": text_object("s"), "colour": "red"}
+    assert await refused_blocks(fake, [unknown]) == [
+        "unsupported or malformed field [json-pointer:/blocks/0/colour]"
+    ]
+    bare = {"type": "section", "text": "not a text object"}
+    assert await refused_blocks(fake, [bare]) == [
+        "unsupported or malformed field [json-pointer:/blocks/0/text]"
+    ]
+    assert fake.bot_messages("C1") == []
+    ok = [{"type": "header", "text": text_object("h" * 150, "plain_text")},
+          {"type": "section", "fields": [text_object("f")] * 10, "block_id": "i" * 255},
+          {"type": "actions", "elements": [button_element("a", "l" * 75, style="danger")]}]
+    await web_client(fake).chat_postMessage(channel="C1", text="t", blocks=ok)
+    assert len(fake.bot_messages("C1")) == 1
+
+
+async def test_text_objects_and_ids_keep_the_documented_limits(fake: FakeSlackServer) -> None:
+    empty = {"type": "section", "text": text_object("")}
+    assert "must be between 1 and 3000 characters [json-pointer:/blocks/0/text/text]" in (
+        await refused_blocks(fake, [empty])
+    )
+    context = {"type": "context", "elements": [text_object("c" * 3001)]}
+    assert await refused_blocks(fake, [context]) == [
+        "must be between 1 and 3000 characters [json-pointer:/blocks/0/elements/0/text]"
+    ]
+    twice = [{"type": "divider", "block_id": "same"}, {"type": "divider", "block_id": "same"}]
+    assert await refused_blocks(fake, twice) == [
+        "duplicate block_id [json-pointer:/blocks/1/block_id]"
+    ]
+    pair = {"type": "actions", "elements": [button_element("go"), button_element("go")]}
+    assert await refused_blocks(fake, [pair]) == [
+        "duplicate action_id [json-pointer:/blocks/0/elements/1/action_id]"
+    ]
+    client = web_client(fake)
+    # the same action_id in two blocks is allowed; the same block_id in two messages too
+    apart = [{"type": "actions", "block_id": "one", "elements": [button_element("go")]},
+             {"type": "actions", "block_id": "two", "elements": [button_element("go")]}]
+    await client.chat_postMessage(channel="C1", text="t", blocks=apart)
+    await client.chat_postMessage(channel="C1", text="t", blocks=apart[:1])
+    context_ok = {"type": "context", "elements": [text_object("c" * 3000)]}
+    await client.chat_postMessage(channel="C1", text="t", blocks=[context_ok])
+    assert len(fake.bot_messages("C1")) == 3
+
+
+async def test_every_method_with_blocks_checks_them(fake: FakeSlackServer) -> None:
+    client = web_client(fake)
+    ts = (await client.chat_postMessage(channel="C1", text="t"))["ts"]
+    bad = [{"type": "section", "text": text_object("s"), "colour": "red"}]
+    calls = [
+        client.chat_update(channel="C1", ts=ts, text="t", blocks=bad),
+        client.chat_postEphemeral(channel="C1", user="U1", text="t", blocks=bad),
+    ]
+    for call in calls:
+        with pytest.raises(SlackApiError) as err:
+            await call
+        assert err.value.response["error"] == "invalid_blocks"
+    many = [{"type": "markdown", "text": "m" * 6_000}, {"type": "markdown", "text": "m" * 6_001}]
+    with pytest.raises(SlackApiError) as err:
+        await client.chat_postMessage(channel="C1", text="t", blocks=many)
+    assert err.value.response["errors"] == ["markdown text must be less than 12001 characters"]
+    assert fake.bot_texts("C1") == ["t"] and fake.ephemerals_for("U1") == []

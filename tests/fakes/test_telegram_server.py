@@ -44,6 +44,7 @@ from telegram.ext import (
     filters,
 )
 
+from tests.fakes import telegram_spec
 from tests.fakes.telegram_server import (
     DRAFT_PLACEHOLDER,
     DRAFT_TTL,
@@ -658,7 +659,7 @@ async def test_token_method_and_wire_formats(tg: FakeTelegram) -> None:
             reply = await response.json()
         assert (response.status, reply) == (
             404,
-            {"ok": False, "error_code": 404, "description": "Not Found: method not found"},
+            {"ok": False, "error_code": 404, "description": "Not Found"},
         )
         markup = json.dumps({"inline_keyboard": [[{"text": "a", "callback_data": "b"}]]})
         form = {"chat_id": str(CHAT), "text": "form", "reply_markup": markup}
@@ -1094,3 +1095,250 @@ async def test_deliveries_stop_on_delete_and_close() -> None:
         assert not fake.delivering  # stopped before close returned
         count = len(hook.got)
         assert len(hook.got) == count
+
+
+# --------------------------------------------------------------------------- the Bot API spec
+
+
+async def call_raw(
+    fake: FakeTelegram, method: str, *, form: bool = False, **params: Any
+) -> tuple[int, str]:
+    """One call as JSON (or form-encoded, every value a string); (status, description)."""
+    url = f"{fake.url}/bot{fake.token}/{method}"
+    async with aiohttp.ClientSession() as http:
+        if form:
+            data = {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}
+            response = await http.post(url, data=data)
+        else:
+            response = await http.post(url, json=params)
+        async with response:
+            reply = await response.json()
+    assert reply["ok"] is (response.status == 200)
+    return response.status, str(reply.get("description", ""))
+
+
+def button(**fields: Any) -> dict[str, Any]:
+    return {"inline_keyboard": [[{"text": "press", **fields}]]}
+
+
+async def test_the_vendored_spec_is_bot_api_10_1_with_its_licence() -> None:
+    data = telegram_spec.spec()
+    assert data["version"] == "Bot API 10.1"
+    licence = (telegram_spec.SPEC_FILE.parent / "LICENSE.telegram-bot-api").read_text()
+    assert licence.startswith("MIT License")
+    assert telegram_spec.visible_range("sendMessage", "text") == (1, 4096)
+    assert telegram_spec.visible_range("sendPhoto", "caption") == (0, 1024)
+    assert telegram_spec.fields_of("InlineKeyboardButton")["callback_data"]["range"] == [
+        1, 64, "bytes"
+    ]
+
+
+async def test_spec_refuses_unknown_methods_and_parameters(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    assert await call_raw(tg, "sendMesage", chat_id=CHAT, text="hi") == (404, "Not Found")
+    assert await call_raw(tg, "sendmessage", chat_id=CHAT, text="hi") == (200, "")
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="hi", reply_to=3)
+    assert (status, text) == (
+        400, 'Bad Request: unknown parameter "reply_to" for method sendMessage'
+    )
+    # a parameter Bot API 7.0 replaced by reply_parameters is unknown to 10.1
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="hi",
+                                  reply_to_message_id=1)
+    assert status == 400 and "reply_to_message_id" in text
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="hi",
+                                  reply_markup=button(callback_data="a", colour="red"))
+    assert (status, text) == (
+        400, 'Bad Request: can\'t parse inline keyboard button: unknown field "colour"'
+    )
+    assert tg.bot_texts(CHAT) == ["hi"]
+
+
+async def test_spec_refuses_missing_required_parameters(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    assert await call_raw(tg, "sendMessage", text="hi") == (400, "Bad Request: chat_id is empty")
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT) == (
+        400, "Bad Request: message text is empty"
+    )
+    assert await call_raw(tg, "sendChatAction", chat_id=CHAT) == (
+        400, "Bad Request: action is empty"
+    )
+    assert await call_raw(tg, "answerCallbackQuery") == (400, "Bad Request: QUERY_ID_INVALID")
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="hi",
+                                  reply_parameters={"quote": "hi"})
+    assert (status, text) == (
+        400,
+        'Bad Request: can\'t parse reply_parameters: Field "message_id" must be of type Integer',
+    )
+    assert tg.bot_texts(CHAT) == []
+
+
+async def test_spec_refuses_wrong_types(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    [sent] = [await call_raw(tg, "sendMessage", chat_id=CHAT, text="x")]
+    assert sent == (200, "")
+    refused = [
+        ("deleteMessage", {"chat_id": CHAT, "message_id": "first"}, "message_id", "Integer"),
+        ("sendMessage", {"chat_id": CHAT, "text": 5}, "text", "String"),
+        ("sendMessage", {"chat_id": [CHAT], "text": "x"}, "chat_id", "Integer or String"),
+        ("sendMessage", {"chat_id": CHAT, "text": "x", "disable_notification": "maybe"},
+         "disable_notification", "Boolean"),
+        ("sendMessage", {"chat_id": CHAT, "text": "x",
+                         "entities": [{"type": "bold", "offset": "0", "length": 1}]},
+         "offset", "Integer"),
+        ("sendMessage", {"chat_id": CHAT, "text": "x", "entities": {"type": "bold"}},
+         "entities", "Array of MessageEntity"),
+        ("sendMessage", {"chat_id": CHAT, "text": "x",
+                         "reply_markup": {"inline_keyboard": [[{"text": 7, "url": "https://a.b"}]]}},
+         "text", "String"),
+        ("sendMessage", {"chat_id": CHAT, "text": "x", "reply_markup": {"buttons": []}},
+         "reply_markup",
+         "InlineKeyboardMarkup or ReplyKeyboardMarkup or ReplyKeyboardRemove or ForceReply"),
+    ]
+    for method, params, field, kind in refused:
+        for form in (False, True) if "String" not in kind else (False,):
+            status, text = await call_raw(tg, method, form=form, **params)
+            assert status == 400 and text.endswith(f'Field "{field}" must be of type {kind}'), (
+                method, params, form, text
+            )
+    # the same values in the right types pass, form-encoded as PTB sends them
+    ok = {"chat_id": str(CHAT), "text": "y", "disable_notification": "true",
+          "entities": [{"type": "bold", "offset": 0, "length": 1}]}
+    assert await call_raw(tg, "sendMessage", form=True, **ok) == (200, "")
+    assert tg.calls_to("sendMessage")[-1].params["disable_notification"] is True
+    assert tg.bot_texts(CHAT) == ["x", "y"]
+
+
+async def test_spec_refuses_text_and_caption_lengths_after_entity_parsing(
+    tg: FakeTelegram,
+) -> None:
+    tg.add_chat(CHAT)
+    markup = "<b>" + "a" * 4096 + "</b>"  # 4,103 characters sent, 4,096 shown
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text=markup, parse_mode="HTML") == (
+        200, ""
+    )
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="a" * 4097) == (
+        400, "Bad Request: message is too long"
+    )
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="<b> </b>", parse_mode="HTML") == (
+        400, "Bad Request: message text is empty"
+    )
+    [message] = tg.chat(CHAT)
+    edit = {"chat_id": CHAT, "message_id": message.message_id}
+    assert await call_raw(tg, "editMessageText", **edit, text="b" * 4097) == (
+        400, "Bad Request: message is too long"
+    )
+    assert await call_raw(tg, "sendMessageDraft", chat_id=CHAT, draft_id=1, text="c" * 4097) == (
+        400, "Bad Request: text is too long"
+    )
+    async with make_bot(tg) as bot:
+        with pytest.raises(BadRequest, match="(?i)message caption is too long"):
+            await bot.send_document(CHAT, b"data", filename="a.txt", caption="d" * 1025)
+        await bot.send_document(CHAT, b"data", filename="a.txt",
+                                caption="<i>" + "d" * 1024 + "</i>", parse_mode=ParseMode.HTML)
+    assert len(tg.uploads(CHAT)) == 1
+
+
+async def test_spec_refuses_string_value_and_array_ranges(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    ok = await call_raw(tg, "sendMessage", chat_id=CHAT, text="x",
+                        reply_markup=button(callback_data="é" * 32))  # 64 bytes
+    assert ok == (200, "")
+    refused = [
+        ("sendMessage", {"chat_id": CHAT, "text": "x",
+                         "reply_markup": button(callback_data="€" * 22)}),  # 22 chars, 66 bytes
+        ("sendMessage", {"chat_id": CHAT, "text": "x", "reply_markup": button(callback_data="")}),
+    ]
+    for method, params in refused:
+        assert await call_raw(tg, method, **params) == (400, "Bad Request: BUTTON_DATA_INVALID")
+    long_command = [{"command": "a" * 33, "description": "d"}]
+    assert await call_raw(tg, "setMyCommands", commands=long_command) == (
+        400, "Bad Request: BOT_COMMAND_INVALID"
+    )
+    long_description = [{"command": "a", "description": "d" * 257}]
+    assert await call_raw(tg, "setMyCommands", commands=long_description) == (
+        400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID"
+    )
+    assert await call_raw(tg, "getUpdates", limit=101) == (
+        400, "Bad Request: limit must be 1-100"
+    )
+    assert await call_raw(tg, "getUpdates", limit=0, timeout=0) == (
+        400, "Bad Request: limit must be 1-100"
+    )
+    status, text = await call_raw(tg, "setWebhook", url="https://example.org/hook",
+                                  secret_token="s" * 257)
+    assert (status, text) == (400, "Bad Request: secret token contains unallowed characters")
+    copy = button(copy_text={"text": "t" * 257})
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="x", reply_markup=copy) == (
+        400, "Bad Request: COPY_TEXT_INVALID"
+    )
+    placeholder = {"force_reply": True, "input_field_placeholder": "p" * 65}
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="x",
+                                  reply_markup=placeholder)
+    assert (status, text) == (400, "Bad Request: input_field_placeholder must have chars in 1-64")
+    assert tg.bot_texts(CHAT) == ["x"]
+
+
+async def test_spec_refuses_answer_text_over_200_characters(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, "pick", reply_markup=InlineKeyboardMarkup(
+            [[InlineKeyboardButton("a", callback_data="a")]]))
+        query = tg.push_callback(CHAT, USER, sent.message_id, "a")
+        with pytest.raises(BadRequest, match="(?i)MESSAGE_TOO_LONG"):
+            await bot.answer_callback_query(query, text="t" * 201)
+        assert await bot.answer_callback_query(query, text="t" * 200)
+    assert tg.callback_answers[query]["text"] == "t" * 200
+
+
+async def test_spec_refuses_button_shapes(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    text_only = (
+        "Bad Request: can't parse inline keyboard button: "
+        "Text buttons are unallowed in the inline keyboard"
+    )
+    no_action, two_actions = button(), button(callback_data="a", url="https://example.org")
+    for markup in (no_action, two_actions):
+        assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="x", reply_markup=markup) == (
+            400, text_only
+        )
+    styled = button(callback_data="a", style="danger", icon_custom_emoji_id="5")  # no actions
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="x", reply_markup=styled) == (
+        200, ""
+    )
+    keyboard = {"keyboard": [["plain", {"text": "both", "request_contact": True,
+                                        "request_location": True}]]}
+    status, text = await call_raw(tg, "sendMessage", chat_id=CHAT, text="x", reply_markup=keyboard)
+    assert (status, text) == (
+        400, "Bad Request: can't parse keyboard button: exactly one button action may be used"
+    )
+    keyboard["keyboard"][0][1].pop("request_location")
+    assert await call_raw(tg, "sendMessage", chat_id=CHAT, text="y", reply_markup=keyboard) == (
+        200, ""
+    )
+    # editMessageReplyMarkup takes inline keyboards only
+    message = tg.chat(CHAT)[0]
+    status, text = await call_raw(tg, "editMessageReplyMarkup", chat_id=CHAT,
+                                  message_id=message.message_id, reply_markup=keyboard)
+    assert (status, text) == (
+        400, 'Bad Request: can\'t parse inline keyboard markup: unknown field "keyboard"'
+    )
+    assert tg.bot_texts(CHAT) == ["x", "y"]
+
+
+async def test_spec_refuses_subtypes_the_spec_does_not_have(tg: FakeTelegram) -> None:
+    tg.add_chat(CHAT)
+    async with make_bot(tg) as bot:
+        sent = await bot.send_message(CHAT, "react to me")
+    status, text = await call_raw(tg, "setMessageReaction", chat_id=CHAT,
+                                  message_id=sent.message_id,
+                                  reaction=[{"type": "sticker", "emoji": "👍"}])
+    assert status == 400 and "unsupported ReactionType type 'sticker'" in text
+    status, text = await call_raw(tg, "setMyCommands", commands=[{"command": "a",
+                                  "description": "b"}], scope={"type": "everyone"})
+    assert status == 400 and "unsupported BotCommandScope type 'everyone'" in text
+    status, text = await call_raw(tg, "setMyCommands", commands=[{"command": "a",
+                                  "description": "b"}], scope={"type": "chat"})
+    assert (status, text) == (
+        400, 'Bad Request: can\'t parse scope: Field "chat_id" must be of type Integer or String'
+    )
+    assert tg.reactions == [] and tg.commands == []
