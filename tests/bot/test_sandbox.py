@@ -159,6 +159,12 @@ async def test_a_timeout_kills_everything_in_the_sandbox(tmp_path: Path) -> None
     await eventually(lambda: not processes(marker), what="the sandbox's processes gone")
 
 
+async def test_the_output_limit_holds_in_the_sandbox(tmp_path: Path) -> None:
+    ok, out = await run(context(tmp_path / "ws", output_chars=1000), "seq 1 200000")
+    assert ok and out.startswith("1\n2\n") and out.endswith("\n200000\n"), out[-50:]
+    assert "characters cut" in out and len(out) <= 1000
+
+
 def test_a_failing_bwrap_is_explained() -> None:
     failing = ShellConfig(sandbox="bwrap", bwrap="false")
     why = sandbox.check(failing)
