@@ -52,6 +52,17 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_MENTION = re.compile(r"<(?=[!@])")
+
+
+def quiet_mentions(markdown: str) -> str:
+    """Markdown for Slack's own renderer (a stream's `markdown_text`) that pings nobody,
+    as `escape` makes mrkdwn: a zero-width space after the `<` of `<!here>`,
+    `<!channel>`, `<!everyone>`, `<!subteam^…>` and `<@U…>`. The quiet form of a prefix
+    is a prefix of the quiet form of the whole, so a stream still only grows."""
+    return _MENTION.sub("<\u200b", markdown)
+
+
 def _link(match: re.Match[str]) -> str | None:
     """A Markdown link as a Slack link `<url|text>`, or None when its target is not a web
     or mail address. Neither part can end the link early: a `|` in the address is

@@ -1,10 +1,11 @@
 """A turn's answer streamed into a Slack thread with Slack's chat streams.
 
 `chat.startStream` opens a message that grows by `chat.appendStream` and is finished by
-`chat.stopStream`; Slack renders its Markdown itself. Tandem calls the three methods
-(the ones slack-sdk's `chat_stream()` helper wraps) itself, so that it keeps its own
-pace: at most one call a second per channel, the stop included, and the latest text
-wins. A stream only grows: a stream must be a thread reply, and in a channel it names
+`chat.stopStream`; Slack renders its Markdown itself, so the text goes with its
+`<!here>`-style and `<@U…>` mentions made inert, as on the posted path. Tandem calls
+the three methods (the ones slack-sdk's `chat_stream()` helper wraps) itself, so that it
+keeps its own pace: at most one call a second per channel, the stop included, and the
+latest text wins. A stream only grows: a stream must be a thread reply, and in a channel it names
 who it is for (`recipient_team_id`, `recipient_user_id`).
 
 Until the answer's first words the turn shows its status: in an assistant thread as the
@@ -32,6 +33,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.live import LiveMessage, paused_for_approval
+from adapters.slack_mrkdwn import quiet_mentions
 
 log = logging.getLogger(__name__)
 Live = LiveMessage[str | None]
@@ -129,11 +131,11 @@ class SlackStream:
             self.placeholder.update(text)
 
     def answer(self, text: str) -> None:
-        """The answer so far: streamed (coalesced, paced)."""
+        """The answer so far: streamed (coalesced, paced), its mentions quiet."""
         if self.live is not None:
             self.live.update(text)
             return
-        self._wanted = text
+        self._wanted = quiet_mentions(text)
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -160,9 +162,10 @@ class SlackStream:
 
     async def finish(self, text: str) -> None:
         await self._stop_loop()
+        quiet = quiet_mentions(text)
         if self.live is None and self.ts is not None and not self._stopped \
-                and text.startswith(self._streamed) and len(text) <= MAX_STREAM:
-            if await self._stop_stream(text[len(self._streamed):]):
+                and quiet.startswith(self._streamed) and len(quiet) <= MAX_STREAM:
+            if await self._stop_stream(quiet[len(self._streamed):]):
                 return
         live = await self._as_live()
         await live.finish(text)
