@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import json
 import os
 import re
 import signal
@@ -184,7 +185,21 @@ TOOLS = [
          {"type": "object", "properties": {"command": {"type": "string"}},
           "required": ["command"]}, shell, policy="ask", summary_key="command", lasting=True),
 ]
-SANDBOXED = Tool(
+class SandboxedShell(Tool):
+    """The shell with a `network` argument: an "always" binds the network too, so one given
+    to a command without the network never lets it run with the network, and one given
+    with it covers only that."""
+
+    __slots__ = ()
+
+    def rule_key(self, args: dict[str, Any]) -> str:
+        key = Tool.rule_key(self, args)
+        if not sandbox.wants_network(args):
+            return key
+        return json.dumps({"command": key, "network": True}, ensure_ascii=False)
+
+
+SANDBOXED = SandboxedShell(
     "shell", "Run a shell command in the workspace and return its output. It runs in a "
     "sandbox: only the workspace is writable, /tmp is private, and there is no network "
     "unless `network` is true (which may need a person's approval).",

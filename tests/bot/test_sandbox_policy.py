@@ -102,3 +102,23 @@ async def test_sandboxed_without_a_sandbox_asks(model: FakeModelServer, config_f
         await decide(core, Verdict.DENY)
         await core.sink.ended(1)
     assert not (tmp_path / "workspace" / "b.txt").exists()
+
+
+async def test_always_binds_the_network(model: FakeModelServer, config_factory: Any) -> None:
+    """An "always" given to a command in the sandbox without the network never lets the
+    same command run with it; one given with the network covers that call only."""
+    model.script(call("echo one"), Reply(text="1"), call("echo one", network=True),
+                 Reply(text="2"), call("echo one", network=True), Reply(text="3"),
+                 call("echo one"), Reply(text="4"))
+    async with Core(config_factory(tools__shell__sandbox="bwrap")) as core:
+        await core.say("first")
+        await decide(core, Verdict.ALWAYS)
+        await core.sink.ended(1)
+        await core.say("with the network")
+        await decide(core, Verdict.ALWAYS, 2)  # asked again: the rule was for no network
+        await core.sink.ended(2)
+        await core.say("with the network again")
+        await core.sink.ended(3)
+        await core.say("without")
+        await core.sink.ended(4)
+        assert len(core.sink.of(ApprovalRequested)) == 2
