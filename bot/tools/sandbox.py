@@ -72,8 +72,18 @@ def hidden(protected: Iterable[Path], config: ShellConfig, workspace: Path,
     `tools.shell.hide`."""
     ws = workspace.resolve()
     kept = [f.resolve() for f in folders if not ws.is_relative_to(f.resolve())]
-    return [*(p.resolve() for p in protected), *kept,
-            *(Path(p).expanduser().resolve() for p in config.hide)]
+    return [*(p.resolve() for p in protected), *kept, *_expanded(config.hide)]
+
+
+def _expanded(paths: Iterable[str]) -> list[Path]:
+    """`~` made the home folder (a `~` path is left out where there is no home)."""
+    out = []
+    for path in paths:
+        try:
+            out.append(Path(path).expanduser().resolve())
+        except RuntimeError:
+            continue
+    return out
 
 
 def argv(config: ShellConfig, workspace: Path, env: dict[str, str], *, network: bool,
