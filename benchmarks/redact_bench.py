@@ -2,9 +2,10 @@
 
     python benchmarks/redact_bench.py [--secrets 8] [--json out.json]
 
-Three outputs of 16,000 characters: shell-like text with no secret, the same with three
-secrets in it (a configured one, an `sk-` key, a Telegram token), and random base64 (the
-worst case for the shape probes). The redactor knows `--secrets` configured values of
+Four outputs of 16,000 characters: shell-like text with no secret, the same with three
+secrets in it (a configured one, an `sk-` key, a Telegram token), random base64 (the
+worst case for the shape probes), and text with emoji whose variation selectors make
+the pass look through invisible characters too. The redactor knows `--secrets` configured values of
 mixed shapes, as a real configuration with a few MCP credentials would.
 """
 
@@ -35,7 +36,11 @@ def outputs(rng: random.Random) -> dict[str, str]:
               + " sk-proj-AbCdEf0123456789xyz 123456789:AAFakeTelegramTokenValue1234567890ab "
               + plain[2 * third:])[:SIZE]
     noise = base64.b64encode(rng.randbytes(SIZE)).decode()[:SIZE]
-    return {"clean shell output": plain, "three secrets inside": leaked, "base64": noise}
+    # text with emoji and their variation selectors: the pass that sees through invisible
+    # characters runs (a secret strewn with them, or spelled by a run of them, is found)
+    emoji = " ".join(rng.choice([*words, "❤️", "👍🏽", "Grüße", "完成"]) for _ in range(4000))[:SIZE]
+    return {"clean shell output": plain, "three secrets inside": leaked, "base64": noise,
+            "emoji, variation sel.": emoji}
 
 
 def measure(redactor: Redactor, text: str, rounds: int) -> list[float]:

@@ -117,10 +117,12 @@ class Redactor:
         selectors, tag characters), or with them strewn between their characters."""
         text = SMUGGLED.sub(lambda m: MARK if self._holds_secret(smuggled(m.group()))
                             else m.group(), text)
+        bare = IGNORABLE.sub("", text)
+        found = self._spans(bare) if len(bare) < len(text) else []
+        if not found:
+            return text
         kept = [i for i, char in enumerate(text) if IGNORABLE.match(char) is None]
-        bare = "".join(text[i] for i in kept)
-        spans = [(kept[start], kept[end - 1] + 1) for start, end in self._spans(bare)]
-        return _cut(text, spans) if spans else text
+        return _cut(text, [(kept[start], kept[end - 1] + 1) for start, end in found])
 
     def _holds_secret(self, text: str) -> bool:
         bare = IGNORABLE.sub("", text)
