@@ -216,9 +216,11 @@ def main() -> None:
         ("SQLite round trips / rows written per plain turn",
          f"{median(store, 'round_trips'):.1f} / {median(store, 'rows'):.1f}",
          "python benchmarks/run_all.py"),
-        ("Redaction of a 16 kB tool output, 8 known secrets (clean / 3 secrets inside, p50)",
+        ("Redaction of a 16 kB tool output, 8 known secrets (clean / 3 secrets inside / "
+         "emoji text, p50)",
          f"{median(redact, 'clean shell output', 'p50_ms'):.3f} / "
-         f"{median(redact, 'three secrets inside', 'p50_ms'):.3f} ms",
+         f"{median(redact, 'three secrets inside', 'p50_ms'):.3f} / "
+         f"{median(redact, 'emoji, variation sel.', 'p50_ms'):.3f} ms",
          "python benchmarks/redact_bench.py"),
         ("MCP: Tandem's overhead per call above the bare SDK, stdio / HTTP (p50)",
          f"{median(mcp, 'stdio', 'overhead_p50_ms'):.2f} / "
