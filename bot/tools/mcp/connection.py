@@ -120,7 +120,9 @@ class Connection:
             self.connected_at = time.time()
             self._tried.set()
             self._up.set()
-            log.info("mcp: %s connected, %d tools", self.name, self.tool_count)
+            log.info("mcp: %s connected, %d tools%s", self.name, self.tool_count,
+                     "" if self.config.trusted else "; not trusted: while they are "
+                     "offered, their descriptions taint every conversation")
             await self._broken.wait()
             self._up.clear()
         if not self._closing:
