@@ -162,7 +162,8 @@ async def audit(ctx: CommandContext, conv: Conversation) -> Notice:
         return Notice(conv.row.key, APPROVERS_ONLY)
     if ctx.watch is not None:
         await ctx.watch.flush()
-    rows = await ctx.store.audit(conv=str(conv.row.key), limit=AUDIT_LINES)
+    rows = [r for r in await ctx.store.audit(conv=str(conv.row.key), limit=4 * AUDIT_LINES)
+            if r.kind != "usage"][-AUDIT_LINES:]  # a turn's usage: `tandem audit`, `/status`
     if not rows:
         return Notice(conv.row.key, "The audit log has no entries for this chat.")
     head = f"The latest {len(rows)} audit entries of this chat (all: `tandem audit`):"

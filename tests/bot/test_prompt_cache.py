@@ -108,8 +108,11 @@ async def test_cached_tokens_are_counted_in_metrics_status_audit_budget_and_cost
             assert watcher is not None
             body = (await watcher.render())[0].decode()
             await core.hub.d.watch.flush()
-            audit = [json.loads(r.detail) for r in await core.hub.d.store.audit()
-                     if r.kind == "usage"]
+            rows = await core.hub.d.store.audit()
+            audit = [json.loads(r.detail) for r in rows if r.kind == "usage"]
+            await core.hub.submit(Command(core.key, core.user, "audit", ""))
+            [shown] = await core.sink.wait(lambda: [n for n in core.sink.of(Notice)
+                                                    if "audit entries" in n.text])
             budget = core.hub.d.budget
             assert budget is not None
             row = await core.hub.d.store.conversation(core.key)
@@ -129,8 +132,11 @@ async def test_cached_tokens_are_counted_in_metrics_status_audit_budget_and_cost
     assert f'tandem_tokens_total{{kind="cache_read"}} {float(read)}' in body
     if written:
         assert f'tandem_tokens_total{{kind="cache_write"}} {float(written)}' in body
-    # the audit log: one entry per turn
+    # the audit log: one entry per turn (kept out of the chat's `/audit`, which shows the
+    # tool runs)
     assert len(audit) == 4
+    assert "ran by u1: read_file" in shown.text and "usage" not in shown.text
+    assert "cache_read=" in next(r.line() for r in rows if r.kind == "usage")  # `tandem audit`
     assert sum(e["cache_read"] for e in audit) == read
     assert sum(e.get("cache_write", 0) for e in audit) == written
     prompt = sum(e["prompt_tokens"] for e in audit)
