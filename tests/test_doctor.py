@@ -49,6 +49,20 @@ async def test_a_telegram_token_telegram_refuses_fails_and_the_right_one_names_t
     assert "All checks passed." in text and "123:RIGHT" not in text
 
 
+async def test_group_context_with_privacy_mode_on_says_what_to_do_in_botfather(
+        model: FakeModelServer, tmp_path: Path) -> None:
+    async with FakeTelegram(token="123:RIGHT") as fake:
+        settings = {**telegram(f"{fake.url}/bot", "123:RIGHT"), "groups": {"context": 20}}
+        code, text = await doctor(tmp_path, model, telegram=settings)
+        assert code == 0, text
+        assert "[warn] telegram groups: telegram.groups.context is on, but Telegram shows " \
+               "this bot only the group messages addressed to it (privacy mode). In " \
+               "@BotFather: /setprivacy" in text
+        fake.me["can_read_all_group_messages"] = True
+        code, text = await doctor(tmp_path, model, telegram=settings)
+    assert code == 0 and "privacy mode" not in text, text
+
+
 async def test_telegram_out_of_reach_is_one_line_naming_the_url_and_the_cause(
         model: FakeModelServer, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on

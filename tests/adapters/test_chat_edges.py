@@ -37,6 +37,7 @@ def quiet(rig: SlackRig) -> SlackRig:
 @pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(flood=False) as server:
+        server.me["can_read_all_group_messages"] = True  # privacy mode off: every message
         yield server
         assert server.internal_errors == []
 

@@ -191,6 +191,7 @@ async def test_forum_topic_is_its_own_conversation(tmp_path: Path, model: FakeMo
 async def test_require_mention_off_answers_every_group_message(
         tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
     model.script(Reply(text="sure"))
+    fake.me["can_read_all_group_messages"] = True  # privacy mode off in BotFather
     async with rig(tmp_path, model, fake, groups={"require_mention": False}) as r:
         fake.push_message(GROUP, ANN, "anyone?", chat_type="supergroup")
         await r.answered(GROUP, "sure")
@@ -250,6 +251,7 @@ async def test_access_goes_by_id_not_by_name(tmp_path: Path, model: FakeModelSer
 async def test_a_strangers_stop_and_cancel_press_change_nothing(
         tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
     model.script(Reply(text="word " * 80, chunk_size=5, chunk_delay=0.02))
+    fake.me["can_read_all_group_messages"] = True  # privacy mode off in BotFather
     async with rig(tmp_path, model, fake, groups={"require_mention": False}) as r:
         fake.push_message(GROUP, ANN, "talk a lot", chat_type="supergroup")
         await r.until(lambda: any(m.text.startswith("word") and m.reply_markup

@@ -29,6 +29,7 @@ IN_GROUP = {"chat_type": "supergroup"}
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(flood=False) as server:
+        server.me["can_read_all_group_messages"] = True  # privacy mode off in BotFather
         yield server
         assert server.internal_errors == []
 
@@ -220,6 +221,18 @@ async def test_new_forgets_the_group_talk(tmp_path: Path, model: FakeModelServer
         await r.answered(GROUP, "fresh")
 
     assert not any("secret" in text for text in user_texts(model))
+
+
+async def test_with_privacy_mode_on_telegram_never_shows_the_group_talk(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    fake.me["can_read_all_group_messages"] = False
+    model.script(Reply(text="hi"))
+    async with rig(tmp_path, model, fake, groups={"context": 5}) as r:
+        fake.push_message(GROUP, ANN, "a plan", **IN_GROUP)
+        fake.push_message(GROUP, ANN, "@tandem_bot hey", **IN_GROUP)
+        await r.answered(GROUP, "hi")
+
+    assert user_texts(model) == ["[Ann] hey"]
 
 
 async def test_group_talk_is_not_kept_unless_turned_on(

@@ -120,7 +120,7 @@ async def test_dm_is_answered_over_the_webhook(tmp_path: Path, model: FakeModelS
     assert fake.webhook["secret_token"] == SECRET
     [call] = fake.calls_to("setWebhook")
     assert call.params["url"] == url and call.params["drop_pending_updates"] is False
-    assert call.params["allowed_updates"] == ["message", "callback_query"]
+    assert call.params["allowed_updates"] == ["message", "edited_message", "callback_query"]
     assert not fake.calls_to("getUpdates") and not fake.calls_to("deleteWebhook")
     assert [(d.update_id, d.ok) for d in fake.deliveries] == [(update_id, True)]
     assert answers(fake, ANN) == ["Hello Ann."] and len(model.requests) == 1

@@ -1464,7 +1464,24 @@ class FakeTelegram:
             quote=quoted,
             **media,
         )
+        if self._private_to_others(message):
+            return 0  # privacy mode: the bot never sees it
         return self._push_update({"message": self._message_json(message)})
+
+    def _private_to_others(self, message: FakeMessage) -> bool:
+        """Privacy mode (``can_read_all_group_messages`` false, BotFather's default): in a
+        group the bot receives only commands (none for another bot), mentions of it and
+        replies to its messages."""
+        chat = self._chats[message.chat_id]
+        if chat["type"] not in ("group", "supergroup") or self.me["can_read_all_group_messages"]:
+            return False
+        name = f"@{self.me['username']}".lower()
+        text = message.text.lower()
+        command = re.match(r"/\w+(@\w+)?", text)
+        if command is not None:
+            return command.group(1) not in (None, name)
+        target = self._find(message.chat_id, message.reply_to_message_id or 0)
+        return name not in text and not (target is not None and target.from_bot)
 
     def push_edit(self, chat_id: int, user_id: int, message_id: int, text: str) -> int:
         """Queue an ``edited_message`` update: the user changed the text of their message
@@ -1476,6 +1493,8 @@ class FakeTelegram:
         message.entities = auto_entities(text)
         message.edit_date = int(time.time())
         message.history.append(text)
+        if self._private_to_others(message):
+            return 0
         return self._push_update({"edited_message": self._message_json(message)})
 
     def push_callback(

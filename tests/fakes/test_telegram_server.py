@@ -241,6 +241,7 @@ async def test_mention_and_command_entities_in_group(tg: FakeTelegram) -> None:
 
 
 async def test_forum_thread_is_kept(tg: FakeTelegram) -> None:
+    tg.me["can_read_all_group_messages"] = True  # privacy mode off: every message
     seen: Seen = []
     async with running(tg, seen):
         tg.push_message(GROUP, USER, "in a topic", chat_type="supergroup", thread_id=7)
@@ -251,6 +252,49 @@ async def test_forum_thread_is_kept(tg: FakeTelegram) -> None:
     assert tg.bot_texts(GROUP, thread_id=7) == ["echo: in a topic"]
     assert tg.bot_texts(GROUP, thread_id=8) == []
     assert tg.calls_to("sendMessage")[0].params["message_thread_id"] == 7
+
+
+async def test_privacy_mode_shows_a_group_bot_only_what_is_addressed_to_it(
+        tg: FakeTelegram) -> None:
+    tg.add_chat(GROUP, "supergroup")
+    async with make_bot(tg) as bot:
+        answer = await bot.send_message(GROUP, "I am here")
+        for text in ("just talk", "/help@other_bot", "/help", "hi @Tandem_Bot"):
+            tg.push_message(GROUP, USER, text, chat_type="supergroup")
+        tg.push_message(GROUP, USER, "thanks", chat_type="supergroup",
+                        reply_to_message_id=answer.message_id)
+        assert [m.text for m in await fetched(bot)] == ["/help", "hi @Tandem_Bot", "thanks"]
+        tg.me["can_read_all_group_messages"] = True  # BotFather: /setprivacy → Disable
+        tg.push_message(GROUP, USER, "more talk", chat_type="supergroup")
+        assert [m.text for m in await fetched(bot)][-1] == "more talk"
+        assert (await bot.get_me()).can_read_all_group_messages is True
+
+
+async def test_edits_forwards_and_quotes_arrive_as_telegram_sends_them(
+        tg: FakeTelegram) -> None:
+    tg.push_message(CHAT, USER, "ship on Thursday")
+    origin = {"type": "hidden_user", "date": 1_700_000_000, "sender_user_name": "Mallory"}
+    tg.push_message(CHAT, USER, "forwarded words", forward_origin=origin)
+    async with make_bot(tg) as bot:
+        first, forward = await fetched(bot)
+        tg.push_message(CHAT, USER, "which day?", reply_to_message_id=first.message_id,
+                        quote="Thursday")
+        tg.push_edit(CHAT, USER, first.message_id, "ship on Friday")
+        updates = await bot.get_updates(timeout=0, allowed_updates=["message",
+                                                                     "edited_message"])
+    reply = updates[-2].message
+    assert reply is not None
+    assert forward.forward_origin is not None
+    assert forward.forward_origin.type == "hidden_user"
+    assert reply.reply_to_message is not None and reply.quote is not None
+    assert (reply.quote.text, reply.quote.position) == ("Thursday", 8)
+    edited = updates[-1].edited_message
+    assert edited is not None and edited.text == "ship on Friday" and edited.edit_date
+    assert edited.message_id == first.message_id
+    with pytest.raises(ValueError, match="has no message"):
+        tg.push_edit(CHAT, USER + 1, first.message_id, "not theirs")
+    with pytest.raises(ValueError, match="quote"):
+        tg.push_message(CHAT, USER, "x", reply_to_message_id=first.message_id, quote="Monday")
 
 
 async def test_reply_to_a_stored_message(tg: FakeTelegram) -> None:
@@ -735,6 +779,7 @@ async def test_inbound_photo_sizes_and_downloads(tg: FakeTelegram, tmp_path: Pat
 
 
 async def test_inbound_voice_audio_video_note_document(tg: FakeTelegram) -> None:
+    tg.me["can_read_all_group_messages"] = True  # privacy mode off: every message
     sound, clip, sheet = wav(), b"\x00\x00\x00\x18ftypmp42" + bytes(64), b"a,b\n1,2\n"
     tg.push_voice(CHAT, USER, sound, duration=1, caption="hear this")
     tg.push_audio(CHAT, USER, sound, duration=2)
