@@ -6,6 +6,7 @@ the conversation should start afresh; the hub carries that out.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,7 +15,10 @@ from bot.core.buttons import ItemButton, pack
 from bot.core.config import Config
 from bot.core.events import Button, Command, Event, Notice
 from bot.core.watch import BudgetLifted, RuleChanged, Watch
-from bot.store import Store
+from bot.serve import model_command
+from bot.serve.access import Access
+from bot.serve.permissions import Action, may, refusal
+from bot.store import RuleRow, Store
 from bot.turn.budget import Budget
 from bot.turn.conversation import Conversation
 from bot.turn.prompt import Prompt
@@ -23,7 +27,8 @@ HELP = """Tandem answers here and can use tools; risky ones wait for your approv
 /new: start a fresh conversation (the old one is kept, but no longer in view)
 /stop: cancel what is running
 /status: the model, context used, tokens and cost of this conversation
-/approvals: standing "always" rules in this chat, with buttons to revoke them
+/model: the models this conversation may use, with buttons to switch
+/rules: standing rules in this chat (who made each, until when); /revoke N removes one
 /jobs: scheduled tasks of this chat, with buttons to cancel them
 /audit: the latest entries of this chat's audit log (approvers)
 /help: this text"""
@@ -53,6 +58,8 @@ class CommandContext:
     """Who gave the command is an approver on this platform."""
     budget: Budget | None = None
     watch: Watch | None = None
+    access: Access | None = None
+    """Who is an approver (`bot.serve.permissions.may` asks it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +74,17 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
     key = conv.row.key
     match cmd.name:
         case "new":
-            text = "Started a new conversation. Earlier messages are no longer in view."
-            return [Reset(), Notice(key, text)]
+            return new(ctx, cmd)
         case "status":
             return [Notice(key, await status(ctx, conv, cmd.user.id))]
-        case "approvals":
+        case "rules" | "approvals":
             return [await approvals(ctx, conv)]
         case "jobs":
             return [await jobs(ctx, conv)]
+        case "model":
+            refused = None if allowed(ctx, cmd, Action.MODEL) else refusal(Action.MODEL)
+            return [await model_command.model(ctx.config, ctx.store, ctx.watch, conv, cmd,
+                                              refused)]
         case "revoke":
             return [await revoke(ctx, conv, cmd)]
         case "audit":
@@ -82,11 +92,33 @@ async def run(ctx: CommandContext, conv: Conversation, cmd: Command) -> Result:
         case "liftbudget":
             return [await lift_budget(ctx, conv, cmd)]
         case "canceljob" if ctx.jobs is not None:
-            return [Notice(key, await ctx.jobs.cancel(conv.row.id, cmd.args))]
+            return [await cancel_job(ctx, conv, cmd, ctx.jobs)]
         case "help" | "start":
             return [Notice(key, HELP)]
         case _:
             return [Notice(key, f"Unknown command /{cmd.name}.\n\n{HELP}")]
+
+
+def new(ctx: CommandContext, cmd: Command) -> Result:
+    """`/new`: a fresh session; standing rules stay, "this conversation" ones end."""
+    if not allowed(ctx, cmd, Action.NEW):
+        return [Notice(cmd.conv, refusal(Action.NEW), ephemeral_to=cmd.user)]
+    return [Reset(), Notice(cmd.conv, "Started a new conversation. Earlier messages are no "
+                            "longer in view; standing rules stay (/rules).")]
+
+
+async def cancel_job(ctx: CommandContext, conv: Conversation, cmd: Command,
+                     jobs: Jobs) -> Notice:
+    """`/canceljob ID` (or its button): one's own task, or anyone's for approvers."""
+    job = await ctx.store.job(cmd.args.strip())
+    if job is not None and not allowed(ctx, cmd, Action.CANCEL_JOB, job.created_by):
+        return Notice(conv.row.key, refusal(Action.CANCEL_JOB), ephemeral_to=cmd.user)
+    return Notice(conv.row.key, await jobs.cancel(conv.row.id, cmd.args.strip()))
+
+
+def allowed(ctx: CommandContext, cmd: Command, action: Action, owner: str | None = None) -> bool:
+    """`bot.serve.permissions.may` for the person who gave `cmd`."""
+    return ctx.approver or may(ctx.access or Access(), cmd.user, action, cmd.conv, owner)
 
 
 async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
@@ -97,7 +129,7 @@ async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
     if state is not None and not ctx.running:
         running = "waiting for approval"
     lines = [
-        f"Model: {ctx.config.llm.model}",
+        *await model_command.status_lines(ctx.config, ctx.store, conv),
         f"Context: ~{used:,} of {window:,} tokens ({100 * used // window}%)"
         f", {len(conv.history) - conv.cut} messages in view, {conv.dropped_turns} older "
         "turns trimmed" + (" (summarized)" if conv.summary else ""),
@@ -107,6 +139,9 @@ async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
         f"Turn: {running}" + (f", {state.steps} steps" if state else ""),
         f"Persona: {ctx.prompt.persona.fingerprint or 'not loaded yet'}",
     ]
+    people = await ctx.store.talk_authors(str(conv.row.key))
+    if len(people) > 1:
+        lines.append("Taking part: " + ", ".join(people))
     if ctx.budget is not None:
         lines += await ctx.budget.status(row, user)
     if ctx.backend is not None:
@@ -118,15 +153,35 @@ async def status(ctx: CommandContext, conv: Conversation, user: str) -> str:
 
 
 async def approvals(ctx: CommandContext, conv: Conversation) -> Notice:
-    rules = await ctx.store.rules(conv.row.id)
+    """`/rules`: the standing rules in force here, numbered as `/revoke N` takes them."""
+    rules = await ctx.store.rules(conv.row.id, session=conv.row.session)
     if not rules:
-        return Notice(conv.row.key, "No standing \"always\" rules in this chat.")
-    lines = ["Standing \"always\" rules in this chat:"]
+        return Notice(conv.row.key, "No standing rules in this chat.")
+    lines = ["Standing rules in this chat (/revoke N removes one):"]
     buttons = []
     for n, rule in enumerate(rules, 1):
-        lines.append(f"{n}. {rule.tool}: {rule.key}")
+        lines.append(f"{n}. {rule.tool}: {rule.key} — {rule_terms(rule)}")
         buttons.append(Button(f"Revoke {n}", pack(ItemButton("rule", rule.id))))
     return Notice(conv.row.key, "\n".join(lines), buttons=tuple(buttons))
+
+
+def rule_terms(rule: RuleRow, now: float | None = None) -> str:
+    """Who made a rule, when, for whom and until when, in a few words."""
+    made = time.strftime("%Y-%m-%d", time.gmtime(rule.created_at))
+    who = rule.author_name or rule.author or "someone (before authors were kept)"
+    parts = [f"by {who} on {made}"]
+    if rule.user:
+        parts.append(f"for {rule.user} only")
+    if rule.session is not None:
+        parts.append("until /new")
+    elif rule.expires_at is None:
+        parts.append("until revoked")
+    else:
+        left = rule.expires_at - (time.time() if now is None else now)
+        parts.append(f"expires {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rule.expires_at))}"
+                     f" UTC (in {max(0, round(left / 86400))} d)" if left >= 86400 else
+                     f"expires in {max(1, round(left / 3600))} h")
+    return ", ".join(parts)
 
 
 async def jobs(ctx: CommandContext, conv: Conversation) -> Notice:
@@ -143,11 +198,13 @@ async def jobs(ctx: CommandContext, conv: Conversation) -> Notice:
 
 async def revoke(ctx: CommandContext, conv: Conversation, cmd: Command) -> Notice:
     """`/revoke N` (the number `/approvals` lists) or the rule's id (a button's)."""
-    rules = await ctx.store.rules(conv.row.id)
+    rules = await ctx.store.rules(conv.row.id, session=conv.row.session)
     wanted = cmd.args.strip()
     if wanted.isdigit() and 1 <= int(wanted) <= len(rules):
         wanted = rules[int(wanted) - 1].id
     rule = next((r for r in rules if r.id == wanted), None)
+    if rule is not None and not allowed(ctx, cmd, Action.REVOKE, rule.author):
+        return Notice(conv.row.key, refusal(Action.REVOKE), ephemeral_to=cmd.user)
     if rule is None or not await ctx.store.delete_rule(conv.row.id, rule.id):
         return Notice(conv.row.key, "That rule no longer exists.")
     if ctx.watch is not None:

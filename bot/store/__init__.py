@@ -97,10 +97,22 @@ class ApprovalRow:
 
 @dataclass(frozen=True, slots=True)
 class RuleRow:
+    """A standing rule: `tool` with exactly `key` runs without asking."""
+
     id: str
     conv_id: int
     tool: str
     key: str
+    created_at: float = 0.0
+    session: int | None = None
+    """Only in this session of the conversation (until `/new`); None: in every one."""
+    user: str = ""
+    """Only for calls in this person's turns; empty: everyone's."""
+    author: str = ""
+    """Who made it: a user id (empty for rules older than this record)."""
+    expires_at: float | None = None
+    """None: until revoked."""
+    author_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,9 +308,21 @@ class Store(Protocol):
     async def card(self, approval_id: str) -> str | None: ...
 
     # -- rules
-    async def add_rule(self, conv_id: int, tool: str, key: str) -> None: ...
-    async def has_rule(self, conv_id: int, tool: str, key: str) -> bool: ...
-    async def rules(self, conv_id: int) -> list[RuleRow]: ...
+    async def add_rule(self, conv_id: int, tool: str, key: str, *, author: str = "",
+                       author_name: str = "", session: int | None = None, user: str = "",
+                       expires_at: float | None = None) -> None:
+        """Add a standing rule (one of the same scope is replaced: its author and expiry
+        are the new ones)."""
+
+    async def has_rule(self, conv_id: int, tool: str, key: str, *, session: int = 0,
+                       user: str = "", now: float | None = None) -> bool:
+        """A rule holds for this call: not expired, in every session or `session`, for
+        everyone or `user`."""
+
+    async def rules(self, conv_id: int, *, session: int | None = None,
+                    now: float | None = None) -> list[RuleRow]:
+        """The rules in force (those of `session` and of every session), oldest first."""
+
     async def delete_rule(self, conv_id: int, rule_id: str) -> bool: ...
 
     # -- jobs
@@ -348,3 +372,11 @@ class Store(Protocol):
         on they count as read."""
     async def forget_talk(self, places: Sequence[str]) -> None:
         """Drop everything kept about these places (`/new`)."""
+    async def talk_authors(self, place: str) -> list[str]:
+        """Who sent the messages for Tandem kept for a place, first to speak first."""
+
+    # -- what a chat chose
+    async def chat_model(self, conv_id: int) -> str | None:
+        """The model the conversation switched to with `/model` (None: the configured one)."""
+    async def set_chat_model(self, conv_id: int, model: str | None, by: str) -> None:
+        """Switch the conversation to `model` (None: back to the configured one)."""

@@ -52,3 +52,9 @@ class PostgresTalk(PostgresBase):
 
     async def forget_talk(self, places: Sequence[str]) -> None:
         await self._count("DELETE FROM talk WHERE place = ANY(%s)", (list(places),))
+
+    async def talk_authors(self, place: str) -> list[str]:
+        rows = await self._rows(
+            "SELECT max(author) FROM talk WHERE place=%s AND kind='said' GROUP BY author_id"
+            " ORDER BY min(seq)", (place,))
+        return [str(r[0]) for r in rows]

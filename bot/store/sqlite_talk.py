@@ -65,3 +65,8 @@ class SQLiteTalk(SQLiteBase):
     async def forget_talk(self, places: Sequence[str]) -> None:
         await self._tx(lambda db: db.executemany(
             "DELETE FROM talk WHERE place=?", [(p,) for p in places]))
+
+    async def talk_authors(self, place: str) -> list[str]:
+        return await self._run(lambda db: [str(r[0]) for r in db.execute(
+            "SELECT author FROM talk WHERE place=? AND kind='said' GROUP BY author_id"
+            " ORDER BY MIN(seq)", (place,))])

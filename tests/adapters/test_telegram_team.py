@@ -57,9 +57,13 @@ async def test_a_reply_gives_the_model_the_quoted_message_with_its_author(
         fake.push_message(GROUP, ANN, "@tandem_bot what do you think?", **IN_GROUP,
                           reply_to_message_id=plan.message_id, quote="freeze Thursday")
         await r.answered(GROUP, "It holds up.")
+        fake.push_message(GROUP, ANN, "/status@tandem_bot", **IN_GROUP)
+        await r.until(lambda: any("Taking part:" in m.text for m in r.bot(GROUP)))
 
     text = last_user_text(model)
     assert text == "[Ann, replying to Bob (@bob): «freeze Thursday»] what do you think?"
+    status = next(m.text for m in r.bot(GROUP) if "Taking part:" in m.text)
+    assert "Taking part: Bob (@bob), Ann" in status
 
 
 async def test_a_reply_to_tandems_answer_is_marked_as_its_own(

@@ -1322,6 +1322,17 @@ async def test_an_edit_changes_an_unread_aside_and_the_text_of_a_message_tandem_
     assert [r.text for r in await store.take_talk(["telegram:-5"])] == ["unread, fixed"]
 
 
+async def test_the_authors_of_a_place_are_listed_once_first_to_speak_first(
+        store: Store) -> None:
+    for author in ("Dana", "Bob", "Dana"):
+        await store.keep_talk(talk("said", author, "hi", author=author), keep=10)
+    await store.keep_talk(talk("aside", "a1", "not to Tandem", author="Eve"), keep=10)
+    await store.keep_talk(talk("said", "x", "elsewhere", place="telegram:-6", author="Zed"),
+                          keep=10)
+
+    assert await store.talk_authors("telegram:-5") == ["Dana", "Bob"]
+
+
 async def test_forgetting_a_place_drops_all_it_kept(store: Store) -> None:
     await store.keep_talk(talk("said", "s1", "hi"), keep=10)
     await store.keep_talk(talk("edit", "s1", "hello", author="Dana"), keep=10)
