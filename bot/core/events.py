@@ -50,6 +50,9 @@ class Verdict(StrEnum):
     APPROVE = "approve"
     DENY = "deny"
     ALWAYS = "always"
+    """This call, without asking, in this chat from now on (`approvals.always_*`)."""
+    SESSION = "session"
+    """This call, without asking, until the conversation starts afresh (`/new`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class UserMessage:
     around: ConvKey | None = None
     """Where the talk around the message is kept when that is not `conv` (a Slack channel
     whose mention starts a thread)."""
+    queued: bool = False
+    """It came while a turn ran (it waits for that turn, and for a card that turn shows)."""
 
 
 @dataclass(frozen=True, slots=True)

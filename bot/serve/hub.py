@@ -9,6 +9,7 @@ approval state.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any, Protocol
@@ -112,6 +113,7 @@ class Hub:
             await self.intake.talk.said(item)
             if self.lanes.running(item.conv):
                 await self.d.emit(Queued(item.conv, item.ref))
+                item = dataclasses.replace(item, queued=True)
         await self.lanes.submit(item.conv, item)
         return Receipt(True)
 
@@ -134,7 +136,8 @@ class Hub:
         """Whose turn runs or waits in `key` (None: no turn; anyone may stop nothing)."""
         conv = self.convs.cached(key)
         if conv is not None and not self.lanes.shared:
-            return conv.turn.requester if conv.turn is not None else None
+            return conv.turn.requester if conv.turn is not None else \
+                self.lanes.preparing(key)
         row = await self.d.store.conversation(key)
         turn = await self.d.store.last_turn(row.id, row.session)
         return turn.requester if turn is not None and turn.status != "done" else None

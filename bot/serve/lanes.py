@@ -33,7 +33,9 @@ class _Lane(Generic[W]):
     cancel: CancelSignal | None = None
     """Set while a turn runs; setting it cancels that turn."""
     turn: int | None = None
-    """The number of the turn that runs now."""
+    """The number of the turn that runs now (None while one is being prepared)."""
+    owner: str | None = None
+    """Who asked for the turn being prepared (whose `/stop` counts before it begins)."""
 
 
 class Lanes(Generic[W]):
@@ -94,15 +96,20 @@ class Lanes(Generic[W]):
 
     # -- the running turn -------------------------------------------------------------
 
-    def begin(self, key: ConvKey, turn: int) -> CancelSignal:
+    def begin(self, key: ConvKey, turn: int | None, owner: str | None = None) -> CancelSignal:
+        """The cancel signal of the turn `turn`, or of one being prepared (None: its
+        downloads, transcription, summary call). A turn that was being prepared keeps
+        the signal, so a `/stop` sent meanwhile stops it."""
         lane = self._lanes.setdefault(key, _Lane())
-        lane.cancel, lane.turn = CancelSignal(), turn
+        if lane.cancel is None:
+            lane.cancel, lane.owner = CancelSignal(), owner
+        lane.turn = turn
         return lane.cancel
 
     def end(self, key: ConvKey) -> None:
         lane = self._lanes.get(key)
         if lane is not None:
-            lane.cancel = lane.turn = None
+            lane.cancel = lane.turn = lane.owner = None
 
     def cancel(self, key: ConvKey, turn: int | None) -> bool:
         """Cancel the running turn (only `turn`, when given); False if none matched."""
@@ -119,6 +126,11 @@ class Lanes(Generic[W]):
     async def queue_stats(self) -> tuple[int, int]:
         """(workers alive, items waiting or running) across the workers sharing the work."""
         return 1, sum(len(lane.inbox) + (lane.task is not None) for lane in self._lanes.values())
+
+    def preparing(self, key: ConvKey) -> str | None:
+        """Who asked for the turn being prepared here now (None: none is)."""
+        lane = self._lanes.get(key)
+        return lane.owner if lane is not None and lane.cancel is not None else None
 
     def running(self, key: ConvKey) -> bool:
         lane = self._lanes.get(key)

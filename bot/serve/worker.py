@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from bot import turn as t
@@ -43,6 +43,7 @@ from bot.serve.intake import Intake
 from bot.serve.lanes import Lanes
 from bot.serve.recovery import Resume, load_conversation
 from bot.serve.scheduler import Scheduler
+from bot.turn.cancel import CancelSignal, unless_cancelled
 from bot.turn.conversation import Conversation
 from bot.turn.conversations import Conversations
 from bot.turn.runner import Runner
@@ -141,10 +142,12 @@ class Worker:
     async def _dispatch(self, conv: Conversation, batch: list[Work]) -> None:
         match item := batch[0]:
             case UserMessage() | Edit():
-                await self._messages(conv, await self._edited(
-                    [m for m in batch if isinstance(m, UserMessage | Edit)]))
+                async with self._preparing(conv.row.key, item.user.id) as cancel:
+                    await self._messages(conv, await self._edited(
+                        [m for m in batch if isinstance(m, UserMessage | Edit)]), cancel)
             case Trigger():
-                await self._trigger(conv, item)
+                async with self._preparing(conv.row.key, item.requester or None) as cancel:
+                    await self._trigger(conv, item, cancel)
             case Decision():
                 go_on = await self.approvals.decide(conv, item)
                 if item.ref is not None:
@@ -183,23 +186,53 @@ class Worker:
                 await self.d.store.edit_talk(str(item.conv), item.message_id, item.text)
         return messages
 
-    async def _messages(self, conv: Conversation, batch: list[UserMessage]) -> None:
+    @contextlib.asynccontextmanager
+    async def _preparing(self, key: ConvKey, owner: str | None) -> AsyncIterator[CancelSignal]:
+        """A turn's cancel signal exists from the moment it is prepared: a `/stop` during
+        its downloads, transcription or summary call stops it."""
+        try:
+            yield self.lanes.begin(key, None, owner)
+        finally:
+            self.lanes.end(key)
+
+    async def _messages(self, conv: Conversation, batch: list[UserMessage],
+                        cancel: CancelSignal) -> None:
         if not batch:
             return
         batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
-        said, notes = await self.intake.said(batch, conv.row, self.runner.budget)
+        if conv.turn is not None and all(m.queued for m in batch):
+            await self._after_decision(conv, batch)
+            return
+        refs = [m.ref for m in batch if m.ref]
+        prepared = await unless_cancelled(
+            self.intake.said(batch, conv.row, self.runner.budget), cancel)
+        if prepared is None:  # stopped while its files were fetched or transcribed
+            if not cancel.shutdown:  # (a shutdown: it is answered after the next start)
+                await self.d.store.mark_inbound_done(refs)
+                await self.d.emit(Notice(conv.row.key, "⏹ Cancelled."))
+            return
+        said, notes = prepared
         for note in notes:
             await self.d.emit(Notice(conv.row.key, note))
-        refs = [m.ref for m in batch if m.ref]
         if not said:
             await self.d.store.mark_inbound_done(refs)
             return
         if conv.turn is not None:
             await self._end_waiting(conv, t.supersede(
                 conv.turn, self.runner.limits, "the user sent a new message instead of deciding"))
-        await self._start(conv, said, batch[-1].user.id, False, refs)
+        await self._start(conv, said, batch[-1].user.id, False, refs, cancel)
 
-    async def _trigger(self, conv: Conversation, item: Trigger) -> None:
+    async def _after_decision(self, conv: Conversation, batch: list[UserMessage]) -> None:
+        """Messages sent while the turn was still working, before the card it then showed:
+        nobody could have decided it yet, so they do not supersede it. They wait for the
+        decision (or the card's expiry, or a Cancel) and are answered together after."""
+        for message in batch:
+            self.lanes.park(conv.row.key, message)
+        if not self.lanes.shared:  # (with several workers they come back on their own)
+            await self.d.emit(Notice(conv.row.key, "I will answer your message once the "
+                                     "approval above is decided."))
+
+    async def _trigger(self, conv: Conversation, item: Trigger, cancel: CancelSignal) -> None:
         if not t.trigger_arrives(conv.turn):  # the run waits; a human's card is not denied
             self.lanes.park(conv.row.key, item)
             await self.d.emit(Notice(conv.row.key, f"Scheduled task {item.job_id} is due; "
@@ -209,12 +242,12 @@ class Worker:
             if item.late else ""
         text = f"[Scheduled task {item.job_id}{late}] {item.prompt}"
         await self._start(conv, [(text, ())], item.requester or f"job:{item.job_id}", True,
-                          [item.ref] if item.ref else [])
+                          [item.ref] if item.ref else [], cancel)
 
     async def _start(self, conv: Conversation, said: list[Said], requester: str,
-                     unattended: bool, refs: list[str]) -> None:
+                     unattended: bool, refs: list[str], cancel: CancelSignal) -> None:
         try:
-            began = await self.runner.begin(conv, said, requester, unattended, refs)
+            began = await self.runner.begin(conv, said, requester, unattended, refs, cancel)
         except Exception as exc:
             if conv.turn is None:  # nothing was stored: the lane tells of it
                 raise

@@ -8,6 +8,10 @@ approval stays paused (it is shown again at the next start).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class CancelSignal(asyncio.Event):
@@ -23,3 +27,19 @@ class CancelSignal(asyncio.Event):
     @property
     def by_person(self) -> bool:
         return self.is_set() and not self.shutdown
+
+
+async def unless_cancelled(work: Awaitable[T], cancel: asyncio.Event | None) -> T | None:
+    """`work`'s result, or None when `cancel` is set first (the work is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    if cancel is None:
+        return await task
+    waiter = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()

@@ -31,9 +31,9 @@ from bot.core.history import CallState, Msg, Outcome, Said, tool_result
 from bot.llm import Completion, ContextExceeded
 from bot.store import ApprovalRow, ConvRow
 from bot.tools import outcome_of, parse_arguments
-from bot.turn import compaction, policy, streaming, taint
+from bot.turn import compaction, model_choice, policy, rules, streaming, taint
 from bot.turn.budget import spender
-from bot.turn.cancel import CancelSignal
+from bot.turn.cancel import CancelSignal, unless_cancelled
 from bot.turn.conversation import Conversation
 from bot.turn.deps import Deps as Deps  # `bot.turn.runner.Deps` as before
 from bot.turn.prompt import Request
@@ -88,8 +88,9 @@ class Runner:
                     if await self.d.store.decide(approval_id, status, by.id if by else None):
                         events.append(ApprovalResolved(row.key, approval_id, status, by))
                         await self._decided(row, approval_id, status, by)
-                case t.AddRule(tool, key, by):
-                    await self.d.store.add_rule(row.id, tool, key)
+                case t.AddRule(tool, key, by) as rule:
+                    await self.d.store.add_rule(row.id, tool, key, **rules.scope(
+                        self.d.config.approvals, rule, state.requester, row.session))
                     await self.d.watch.see(w.RuleChanged(row.key, tool, key, "added",
                                                          by.id if by else None))
                 case t.Tell(text):
@@ -135,7 +136,8 @@ class Runner:
     # -- a new turn -------------------------------------------------------------------
 
     async def begin(self, conv: Conversation, said: list[Said], requester: str,
-                    unattended: bool, refs: list[str]) -> bool:
+                    unattended: bool, refs: list[str], cancel: CancelSignal | None = None
+                    ) -> bool:
         """Store the turn's messages, trim once (this is the only trim of the turn).
         False when its inbound was processed already (a second copy of it)."""
         number = conv.last_turn + 1
@@ -148,23 +150,26 @@ class Runner:
             return False
         for msg in stored:
             conv.append(msg)
-        await self._trim(conv)
         ledger = conv.ledger if unattended else conv.ledger.forgive(self.limits.same_call_failures)
         conv.turn = t.TurnState(turn=number, max_steps=self.d.config.limits.max_steps,
                                 unattended=unattended, requester=requester, ledger=ledger)
+        # from here on a failure ends the stored turn as an error (`Worker._start`)
+        await model_choice.refresh(self.d.store, self.d.config.llm, conv)
+        await self._trim(conv, cancel)
         return True
 
-    async def _trim(self, conv: Conversation) -> None:
+    async def _trim(self, conv: Conversation, cancel: CancelSignal | None = None) -> None:
         window = await self.window()
         if not self._trim_to_low_water(conv, window) or not self.d.config.context.summary:
             return
         dropped = [m for m in conv.history[:conv.cut] if (m.id or 0) > conv.summary_through]
         if not dropped:
             return
-        text = await compaction.summarize(
+        text = await unless_cancelled(compaction.summarize(
             self.d.model, taint.without_untrusted(dropped, self.d.tools), conv.summary,
             self.d.config.context.summary_max_tokens, spend=spender(
-                self.budget, conv.row, conv.turn.requester if conv.turn else ""))
+                self.budget, conv.row, conv.turn.requester if conv.turn else "")),
+            cancel)  # a /stop meanwhile counts
         if text is None:
             return  # the plain trim stands
         through = max(m.id or 0 for m in dropped)
@@ -215,8 +220,10 @@ class Runner:
                     assert_never(action)
 
     async def resumed(self, conv: Conversation) -> None:
-        """A suspended turn goes on: a crash from here on finds it running."""
+        """A suspended turn goes on: a crash from here on finds it running. Reloaded
+        since its pause, its history is trimmed again as it was at its beginning."""
         assert conv.turn is not None
+        await self._trim(conv)
         await self.d.store.end_turn(conv.row.id, conv.row.session, conv.turn.turn,
                                     "running", None)
 
@@ -294,10 +301,11 @@ class Runner:
                         scratch: Scratch) -> Completion | None:
         state = conv.turn
         assert state is not None
-        completion = await streaming.complete(
-            self.d.model, request, self.d.tools.schemas(), cancel, scratch,
-            lambda: self._progress(conv, state, Phase.THINKING, scratch), self.d.watch,
-            self.d.config.llm.model)
+        with model_choice.using(conv):
+            completion = await streaming.complete(
+                self.d.model, request, self.d.tools.schemas(), cancel, scratch,
+                lambda: self._progress(conv, state, Phase.THINKING, scratch), self.d.watch,
+                model_choice.in_use(self.d.config.llm, conv))
         if completion is not None and completion.prompt_tokens:
             conv.calibrate(request.estimated, completion.prompt_tokens)
         return completion
@@ -309,7 +317,8 @@ class Runner:
         verdict = await policy.verdict(self.d.config, self.d.tools, self.d.store, conv.row.id,
                                        record.call, unattended=state.unattended,
                                        window=conv.window(), turn=state.turn,
-                                       unread=conv.unread, conv=conv.row.key)
+                                       unread=conv.unread, conv=conv.row.key,
+                                       user=state.requester, session=conv.row.session)
         return t.decide(state, self.limits, record.call.id, verdict)
 
     # -- Run: one allowed call --------------------------------------------------------
@@ -370,6 +379,7 @@ class Runner:
         row = conv.row
         shown = scratch.partial or (scratch.final[0] if scratch.final else None)
         text = t.final_text(step.state, reason, scratch.answer, shown.content if shown else "")
+        text = await model_choice.answered(self.d.watch, conv, scratch, text)
         stored = await self.d.store.end_turn(row.id, row.session, state.turn, "done",
                                              reason.value, last, step=counted, show=text)
         if stored is not None:

@@ -117,6 +117,7 @@ class Press(StrEnum):
     APPROVE = "approved"
     DENY = "denied"
     ALWAYS = "always"
+    SESSION = "session"
 
 
 def human_decision(state: TurnState, limits: Breakers, approval_id: str, press: Press,
@@ -131,8 +132,9 @@ def human_decision(state: TurnState, limits: Breakers, approval_id: str, press: 
                       f"denied: {by.name or by.id} did not approve this call; do not retry it")
         return Step(step.state, (*step.effects, resolve))
     effects: list[Effect] = [SetCall(record.call.id, CallState.ALLOWED), resolve]
-    if press is Press.ALWAYS and rule_key is not None:
-        effects.insert(0, AddRule(record.call.name, rule_key, by))
+    if press in (Press.ALWAYS, Press.SESSION) and rule_key is not None:
+        effects.insert(0, AddRule(record.call.name, rule_key, by,
+                                  session=press is Press.SESSION))
     return Step(_with(state, record, state=CallState.ALLOWED), tuple(effects))
 
 
@@ -200,8 +202,10 @@ def restart(state: TurnState, limits: Breakers, was_running: bool) -> Step:
     """A start found this turn unfinished.
 
     Only a call that was handed to its tool is interrupted (it may or may not have
-    completed). A turn waiting for a human stays suspended with its cards and timers.
-    A turn that was running with nobody to ask ends: its other calls never ran.
+    completed). A turn waiting for a human stays suspended with its cards and timers; a
+    suspended one whose human decided since (approved, denied, or it expired) goes on,
+    whatever the decision. A turn that was running with nobody to ask ends: its other
+    calls never ran.
     """
     effects: list[Effect] = []
     interrupted = [r.call.name for r in state.calls if r.state is CallState.SUBMITTED]
@@ -213,7 +217,7 @@ def restart(state: TurnState, limits: Breakers, was_running: bool) -> Step:
             state = step.state
             effects.extend(step.effects)
     what = f" (`{'`, `'.join(interrupted)}` was interrupted)" if interrupted else ""
-    if state.waiting or (state.open_calls and not was_running):
+    if state.waiting or not was_running:
         if interrupted:
             effects.append(Tell(f"Tandem restarted{what}; the rest of this turn goes on."))
         return Step(state, tuple(effects))

@@ -303,8 +303,9 @@ async def test_a_system_prompt_larger_than_the_window_is_a_clear_error(
         model: FakeModelServer, config_factory: Any) -> None:
     async with Core(config_factory(llm__context_window=600)) as core:
         await core.say("hi")
-        notice = await core.sink.wait(lambda: core.sink.of(Notice))
-    assert "larger than the model's context window" in notice[0].text
+        [ended] = await core.sink.ended()  # the turn is stored, and ends as an error
+    assert "larger than the model's context window" in ended.text
+    assert ended.reason == "error"
     assert model.requests == []
 
 
@@ -370,11 +371,13 @@ async def test_an_approval_older_than_the_expiry_at_restart_is_denied_with_a_not
 async def test_a_failing_model_falls_back_to_the_next_one(model: FakeModelServer,
                                                           config_factory: Any) -> None:
     model.script(Reply(fault="500"), Reply(text="from the backup"))
-    config = config_factory(llm__retries=0, llm__fallbacks=["openai/backup"])
+    backup = {"model": "openai/backup", "api_base": model.api_base, "api_key": "sk-test"}
+    config = config_factory(llm__retries=0, llm__fallbacks=[backup])
     async with Core(config) as core:
         await core.say("hello")
         [ended] = await core.sink.ended()
-    assert ended.text == "from the backup"
+    assert ended.text == ("from the backup\n\n"
+                          "↪ answered by openai/backup: openai/fake is unavailable")
     assert [r["model"] for r in model.requests] == ["fake", "backup"]
 
 

@@ -131,9 +131,10 @@ class ClusterLanes(Lanes[W], Generic[W]):
 
     # -- the running turn ---------------------------------------------------------------
 
-    def begin(self, key: ConvKey, turn: int) -> CancelSignal:
-        event = super().begin(key, turn)
-        if self._early.pop(key, -1) in (None, turn):  # its Cancel came while it loaded
+    def begin(self, key: ConvKey, turn: int | None, owner: str | None = None) -> CancelSignal:
+        event = super().begin(key, turn, owner)
+        if self._early.get(key, -1) in (None, turn):  # its Cancel came while it loaded
+            del self._early[key]
             event.set()
         self.cluster.signal({"kind": "running", "conv": asdict(key), "turn": turn})
         return event
@@ -146,6 +147,9 @@ class ClusterLanes(Lanes[W], Generic[W]):
         """Here, or on the worker that runs it: the store says which turn runs (a worker
         that started after the turn began never heard it announced)."""
         if self.cancel(key, turn):
+            return True
+        if turn is None and self._remote.get(key) == 0:  # being prepared on another worker
+            self.cluster.signal({"kind": "cancel", "conv": asdict(key), "turn": None})
             return True
         row = await self.store.conversation(key)
         last = await self.store.last_turn(row.id, row.session)
