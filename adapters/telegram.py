@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 COMMANDS = [("start", "Say hello"), ("help", "What Tandem can do"),
             ("new", "Start a fresh conversation"), ("stop", "Cancel what is running"),
             ("status", "Model, context and cost"), ("jobs", "Scheduled tasks here"),
-            ("rules", "Standing approval rules here"),
+            ("rules", "Standing approval rules here"), ("model", "Switch the model here"),
             ("audit", "Latest audit entries here (approvers)")]
 
 

@@ -32,10 +32,11 @@ class CancelButton:
 
 @dataclass(frozen=True, slots=True)
 class ItemButton:
-    """Cancel a scheduled job (`job`), revoke a standing rule (`rule`) or lift a used-up
-    daily budget (`budget`): each is the chat command `command` with `item_id`."""
+    """Cancel a scheduled job (`job`), revoke a standing rule (`rule`), lift a used-up
+    daily budget (`budget`) or switch the model (`model`, the id `/model` gives each):
+    each is the chat command `command` with `item_id`."""
 
-    kind: Literal["job", "rule", "budget"]
+    kind: Literal["job", "rule", "budget", "model"]
     item_id: str
 
     @property
@@ -43,8 +44,9 @@ class ItemButton:
         return _ITEM_COMMANDS[self.kind]
 
 
-_ITEM_COMMANDS = {"job": "canceljob", "rule": "revoke", "budget": "liftbudget"}
-_ITEM_CODES = {"job": "jc", "rule": "rr", "budget": "bl"}
+_ITEM_COMMANDS = {"job": "canceljob", "rule": "revoke", "budget": "liftbudget",
+                  "model": "model"}
+_ITEM_CODES = {"job": "jc", "rule": "rr", "budget": "bl", "model": "md"}
 
 
 ButtonData = ApprovalButton | CancelButton | ItemButton
@@ -81,4 +83,6 @@ def unpack(raw: str) -> ButtonData | None:
             return ItemButton("rule", item_id)
         case ["bl", item_id] if item_id.isalnum():
             return ItemButton("budget", item_id)
+        case ["md", item_id] if item_id.isalnum():
+            return ItemButton("model", item_id)
     return None

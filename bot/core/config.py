@@ -27,6 +27,7 @@ from bot.core.chat_config import (
 )
 from bot.core.context_config import ContextConfig
 from bot.core.errors import ConfigError
+from bot.core.llm_config import FailoverConfig, LLMConfig, ModelEntry
 from bot.core.mcp_secrets import credentials
 from bot.core.ops_config import AuditConfig, BudgetConfig, LoggingConfig, MetricsConfig
 from bot.core.sections import (
@@ -40,23 +41,11 @@ from bot.core.sections import (
 )
 from bot.core.tools_config import ShellConfig, ToolsConfig, WebFetchConfig
 
-__all__ = ["Config", "SlackAssistant", "SlackConfig", "TelegramConfig", "TelegramWebhook",
+__all__ = ["Config", "FailoverConfig", "LLMConfig", "ModelEntry", "SlackAssistant",
+           "SlackConfig", "TelegramConfig", "TelegramWebhook",
            "McpConfig", "McpServerConfig", "McpTools", "MediaConfig", "Policy",
            "Section", "ShellConfig", "ToolsConfig", "TranscriptionConfig", "WebFetchConfig",
            "load_config", "require"]
-
-
-class LLMConfig(Section):
-    model: str = "openai/gpt-4o-mini"
-    api_base: str | None = None
-    api_key: str | None = None
-    context_window: int | None = Field(default=None, gt=0)
-    """Tokens; when unset, from litellm's model info, else 32000."""
-    max_output_tokens: int = Field(default=4096, gt=0)
-    timeout_s: float = Field(default=120.0, gt=0)
-    retries: int = Field(default=2, ge=0)
-    fallbacks: list[str] = Field(default_factory=list)
-    temperature: float | None = None
 
 
 class StoreConfig(Section):
@@ -143,7 +132,7 @@ class Config(Section):
     def secrets(self) -> list[str]:
         """Every configured secret value, for redaction."""
         found = [
-            self.llm.api_key,
+            *self.llm.keys(),
             self.telegram.token,
             self.telegram.webhook.secret_token,
             self.slack.bot_token,

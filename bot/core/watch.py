@@ -145,8 +145,28 @@ class BudgetLifted:
     by: str
 
 
+@dataclass(frozen=True, slots=True)
+class FailedOver:
+    """Another model answered while the chat's own was unavailable (told once per outage
+    and chat)."""
+
+    conv: ConvKey
+    model: str
+    """The model that answered."""
+    unavailable: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChosen:
+    """A conversation was switched to another model (`/model`)."""
+
+    conv: ConvKey
+    model: str
+    by: str
+
+
 Fact = (Asked | Decided | RuleChanged | ToolRan | Refused | ModelCalled | TurnDone
-        | TurnUsage | PlatformCall | BudgetReached | BudgetLifted)
+        | TurnUsage | PlatformCall | BudgetReached | BudgetLifted | FailedOver | ModelChosen)
 
 
 class Watcher(Protocol):

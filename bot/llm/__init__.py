@@ -19,14 +19,15 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from bot.core.config import LLMConfig
 from bot.core.errors import ModelError, ModelRateLimited, ModelStreamCut, ModelUnreachable
 from bot.core.history import ToolCall
+from bot.core.llm_config import LLMConfig
 from bot.llm.caching import cached_tokens, for_model
-from bot.llm.failures import cause, chain, endpoint
+from bot.llm.failover import Health, Target, Unavailable, chosen, targets
+from bot.llm.failures import cause, cut_cause, endpoint, one_line, retry_after
 from bot.llm.loading import load, loaded, preload, settle, warm
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ class Completion:
     completion_tokens: int | None = None
     cost: float = 0.0
     model: str = ""
+    """The model that answered."""
+    unavailable: tuple[Unavailable, ...] = ()
+    """Models of the chain that were skipped or failed before `model` answered."""
     cache_read: int = 0
     """Of `prompt_tokens`: read from the provider's prompt cache (`bot.llm.caching`)."""
     cache_write: int = 0
@@ -193,34 +197,6 @@ class _Assembler:
         return tuple(out)
 
 
-def _retry_after(exc: BaseException) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    try:
-        return float(headers.get("retry-after"))
-    except (TypeError, ValueError):
-        return None
-
-
-def _cut_cause(exc: BaseException) -> str:
-    """A short, fixed description of why a stream stopped (shown to the user)."""
-    names = [type(e).__name__ for e in chain(exc)]
-    if any("Timeout" in n or "TimedOut" in n for n in names):
-        return "it timed out"
-    if any(isinstance(e, ConnectionError | EOFError) for e in chain(exc)) or any(
-            word in n for n in names for word in ("Connection", "ReadError", "RemoteProtocol",
-                                                  "Payload", "Disconnected")):
-        return "the connection was lost"
-    return "the provider stopped sending"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
-
-
 @dataclass(slots=True)
 class _Failure:
     exc: BaseException
@@ -228,11 +204,25 @@ class _Failure:
     """The stream had started (at least one chunk arrived) when it failed."""
 
 
+@dataclass(slots=True)
+class _Call:
+    """One `stream()` across the chain's models and their retries."""
+
+    last: _Failure | None = None
+    started: bool = False
+    """The current attempt streamed text (a retry restarts it)."""
+    shown: bool = False
+    """Text of this call reached the chat."""
+    unavailable: list[Unavailable] = field(default_factory=list)
+
+
 class LiteLLMClient:
-    def __init__(self, config: LLMConfig) -> None:
+    def __init__(self, config: LLMConfig, health: Health | None = None) -> None:
         self.config = config
         self.model = config.model
         self._window = config.context_window or 0
+        self.health = health or Health.of(config)
+        """Shared by every conversation of the process (one client per process)."""
 
     async def window(self) -> int:
         """`llm.context_window`, else what litellm knows of the model (looked up once, in
@@ -242,82 +232,117 @@ class LiteLLMClient:
             self._window = await asyncio.to_thread(_model_window, litellm, self.model)
         return self._window
 
-    def _targets(self) -> list[dict[str, Any]]:
-        primary = {"model": self.config.model, "api_base": self.config.api_base,
-                   "api_key": self.config.api_key}
-        provider = self.config.model.split("/", 1)[0]
-        targets = [primary]
-        for model in self.config.fallbacks:
-            same = model.split("/", 1)[0] == provider
-            targets.append({"model": model, "api_base": primary["api_base"] if same else None,
-                            "api_key": primary["api_key"] if same else None})
-        return targets
-
     async def stream(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
     ) -> AsyncGenerator[StreamItem, None]:
+        """The chain's first model that answers (`bot.llm.failover`); a model skipped or
+        failed on the way is named in the `Completion`. Once text of this call is on
+        screen, a cut ends it (`ModelStreamCut`) unless `llm.failover.after_cut`."""
         litellm = await load()
+        call = _Call()
+        for target in targets(self.config, chosen()):
+            if call.shown and not self.config.failover.after_cut:
+                break
+            if not self.health.available(target.key):
+                call.unavailable.append(Unavailable(target.model, self.health.outage(target.key)))
+                continue
+            try:
+                async for item in self._attempts(litellm, target, messages, tools, call):
+                    yield item
+                    if isinstance(item, Completion):
+                        return
+            finally:  # a trial call that was cancelled leaves the model to the next one
+                self.health.release(target.key)
+            call.unavailable.append(Unavailable(target.model, self.health.outage(target.key),
+                                                cut=call.shown))
+        raise self._error(litellm, call) from call.last.exc if call.last else None
+
+    async def _attempts(
+        self, litellm: Any, target: Target, messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]], call: _Call,
+    ) -> AsyncGenerator[StreamItem, None]:
+        """One model of the chain, retried; returns (having yielded no `Completion`) when
+        the next model should be tried."""
         transient = (litellm.RateLimitError, litellm.InternalServerError,
                      litellm.ServiceUnavailableError, litellm.APIConnectionError,
                      litellm.Timeout, litellm.BadGatewayError)
         refusals = (litellm.APIError, litellm.AuthenticationError, litellm.NotFoundError,
                     litellm.BadRequestError, litellm.PermissionDeniedError)
-        last: _Failure | None = None
-        started = False
-        for target in self._targets():
-            for attempt in range(self.config.retries + 1):
-                if started:
-                    yield Restart()
-                    started = False
-                acc = _Assembler()
-                try:
-                    async with contextlib.aclosing(
-                            self._once(litellm, target, messages, tools, acc)) as items:
-                        async for item in items:
-                            started = started or isinstance(item, Delta) and bool(item.text)
-                            yield item
+        for attempt in range(self.config.retries + 1):
+            if call.started:
+                yield Restart()
+                call.started = False
+            acc = _Assembler()
+            try:
+                async with contextlib.aclosing(
+                        self._once(litellm, target, messages, tools, acc)) as items:
+                    async for item in items:
+                        if isinstance(item, Completion):
+                            self.health.succeeded(target.key)
+                            item = replace(item, unavailable=tuple(call.unavailable))
+                        elif isinstance(item, Delta) and item.text:
+                            call.started = call.shown = True
+                        yield item
+                return
+            except litellm.ContextWindowExceededError as exc:
+                raise ContextExceeded(str(exc)) from exc
+            except (*transient, *refusals) as exc:
+                call.last = _Failure(exc, acc.chunks > 0)  # cut off: the stream had begun
+                if call.last.cut or not isinstance(exc, litellm.BadRequestError):
+                    self.health.failed(target.key)  # a bad request is the request's fault
+                if not call.last.cut and not isinstance(exc, transient):
+                    log.warning("model %s refused the request: %s", target.model,
+                                one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
                     return
-                except litellm.ContextWindowExceededError as exc:
-                    raise ContextExceeded(str(exc)) from exc
-                except (*transient, *refusals) as exc:
-                    last = _Failure(exc, acc.chunks > 0)  # cut off: the stream had begun
-                    if not last.cut and not isinstance(exc, transient):
-                        log.warning("model %s refused the request: %s", target["model"],
-                                    _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-                        break
-                    log.info("model %s attempt %d %s: %s", target["model"], attempt + 1,
-                             "was cut off" if last.cut else "failed", _one_line(exc))
-                    if attempt < self.config.retries:
-                        wait = _retry_after(exc) or min(8.0, 0.5 * 2**attempt)
-                        await asyncio.sleep(wait * (0.8 + 0.4 * random.random()))
+                log.info("model %s attempt %d %s: %s", target.model, attempt + 1,
+                         "was cut off" if call.last.cut else "failed", one_line(exc))
+                if isinstance(exc, litellm.Timeout) and self._more_after(target):
+                    return  # a hung model is not waited for twice: the next one answers
+                if attempt < self.config.retries:
+                    wait = retry_after(exc) or min(8.0, 0.5 * 2**attempt)
+                    await asyncio.sleep(wait * (0.8 + 0.4 * random.random()))
+
+    def _more_after(self, target: Target) -> bool:
+        """Another model of the chain comes after `target` and may be called."""
+        chain = targets(self.config, chosen())
+        keys = [t.key for t in chain]
+        rest = chain[keys.index(target.key) + 1:] if target.key in keys else []
+        return any(self.health.available_later(t.key) for t in rest)
+
+    def _error(self, litellm: Any, call: _Call) -> ModelError:
+        last = call.last
         failed = last.exc if last is not None else None
         if last is not None and last.cut:
-            raise ModelStreamCut(f"the stream was cut off: {_one_line(last.exc)}",
-                                 _cut_cause(last.exc)) from failed
+            return ModelStreamCut(f"the stream was cut off: {one_line(last.exc)}",
+                                  cut_cause(last.exc))
         if isinstance(failed, litellm.RateLimitError):
-            raise ModelRateLimited("rate limited after retries") from failed
+            return ModelRateLimited("rate limited after retries")
         where = endpoint(self.config.api_base, self.config.model)
-        why = cause(failed, self.config.timeout_s) if failed is not None else "no model tried"
-        raise ModelUnreachable(f"model call failed: {why} ({where})", why, where) from failed
+        if failed is None:
+            why = "it failed repeatedly and is paused for a moment"
+            names = ", ".join(u.model for u in call.unavailable) or self.config.model
+            return ModelUnreachable(f"every model is paused ({names})", why, where)
+        why = cause(failed, self.config.timeout_s)
+        return ModelUnreachable(f"model call failed: {why} ({where})", why, where)
 
     async def _once(
-        self, litellm: Any, target: dict[str, Any], messages: Sequence[dict[str, Any]],
+        self, litellm: Any, target: Target, messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]], acc: _Assembler,
     ) -> AsyncGenerator[StreamItem, None]:
         kwargs: dict[str, Any] = {
-            "model": target["model"], "messages": for_model(target["model"], messages),
+            "model": target.model, "messages": for_model(target.model, messages),
             "stream": True,
-            "stream_options": {"include_usage": True}, "timeout": self.config.timeout_s,
-            "max_tokens": self.config.max_output_tokens, "max_retries": 0,
+            "stream_options": {"include_usage": True}, "timeout": target.timeout_s,
+            "max_tokens": target.max_output_tokens, "max_retries": 0,
         }
         if tools:
             kwargs["tools"] = list(tools)
-        if target["api_base"]:
-            kwargs["api_base"] = target["api_base"]
-        if target["api_key"]:
-            kwargs["api_key"] = target["api_key"]
-        if self.config.temperature is not None:
-            kwargs["temperature"] = self.config.temperature
+        if target.api_base:
+            kwargs["api_base"] = target.api_base
+        if target.api_key:
+            kwargs["api_key"] = target.api_key
+        if target.temperature is not None:
+            kwargs["temperature"] = target.temperature
         response = await _open(litellm, kwargs)
         try:
             async for chunk in response:
@@ -326,7 +351,7 @@ class LiteLLMClient:
             await _close_stream(response)
         yield Completion(
             "".join(acc.text), acc.tool_calls(), acc.prompt_tokens, acc.completion_tokens,
-            self._cost(litellm, target["model"], acc), target["model"],
+            self._cost(litellm, target.model, acc), target.model,
             cache_read=acc.cache[0], cache_write=acc.cache[1],
         )
 

@@ -66,3 +66,31 @@ def cause(exc: BaseException, timeout_s: float) -> str:
     if "Connection" in names:
         return "the connection failed"
     return type(exc).__name__
+
+
+def retry_after(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    try:
+        return float(headers.get("retry-after"))
+    except (TypeError, ValueError):
+        return None
+
+
+def cut_cause(exc: BaseException) -> str:
+    """A short, fixed description of why a stream stopped (shown to the user)."""
+    names = [type(e).__name__ for e in chain(exc)]
+    if any("Timeout" in n or "TimedOut" in n for n in names):
+        return "it timed out"
+    if any(isinstance(e, ConnectionError | EOFError) for e in chain(exc)) or any(
+            word in n for n in names for word in ("Connection", "ReadError", "RemoteProtocol",
+                                                  "Payload", "Disconnected")):
+        return "the connection was lost"
+    return "the provider stopped sending"
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__

@@ -3,9 +3,10 @@
 `Audit` watches the core (`bot.core.watch`) and appends one entry per fact to the store: every
 approval asked and decided (the exact call shown, the button pressed, or its expiry),
 every tool run (its rendered arguments, outcome and duration), every refused access and
-press, every standing rule added or revoked, every budget used up or lifted, and what
-each turn's model calls used (tokens, those read from and written to the prompt cache,
-and the cost as the provider prices them). The store
+press, every standing rule added or revoked, every budget used up or lifted, every switch
+of a conversation's model and the answers another model gave in an outage, and what each
+turn's model calls used (tokens, those read from and written to the prompt cache, and
+the cost as the provider prices them). The store
 only ever appends (its table refuses updates), and entries older than `audit.keep_days`
 are pruned with the first write after a start and then once a day. Texts are redacted
 like everything else.
@@ -36,7 +37,8 @@ FLUSH_S = 0.5
 
 
 AUDITED = frozenset({w.Asked, w.Decided, w.ToolRan, w.RuleChanged, w.Refused,
-                     w.BudgetReached, w.BudgetLifted, w.TurnUsage})
+                     w.BudgetReached, w.BudgetLifted, w.FailedOver, w.ModelChosen,
+                     w.TurnUsage})
 """The facts that make an entry (the rest are only counted, by the metrics)."""
 
 
@@ -64,6 +66,11 @@ def entry(fact: w.Fact, at: float) -> AuditRow | None:
                                                                      scope=scope))
         case w.BudgetLifted(conv, scope, by):
             return AuditRow(at, "budget", str(conv), by, "", _json(change="lifted", scope=scope))
+        case w.FailedOver(conv, model, unavailable):
+            return AuditRow(at, "model", str(conv), "", "", _json(
+                change="failover", answered=model, unavailable=list(unavailable)))
+        case w.ModelChosen(conv, model, by):
+            return AuditRow(at, "model", str(conv), by, "", _json(change="switched", model=model))
         case w.TurnUsage(conv, requester, model, calls, prompt, completion, read, written,
                          cost):
             return AuditRow(at, "usage", str(conv), requester, "", _json(

@@ -15,6 +15,8 @@ Names and labels (no user ids, no message text, no arguments: nothing secret):
     tandem_turns_total{reason}                 turns ended, by exit reason
     tandem_turn_seconds                        a turn's length, histogram
     tandem_model_call_seconds{ok}              model calls, histogram (ok: true | false)
+    tandem_model_calls_total{model,ok}         model calls by the model that answered
+    tandem_failovers_total{model}              answers another model gave while this one was out
     tandem_tokens_total{kind}                  prompt | completion | cache_read | cache_write
                                                (cached tokens are part of prompt)
     tandem_cost_usd_total                      from litellm's prices
@@ -48,6 +50,7 @@ from bot.core.watch import (
     BudgetReached,
     Decided,
     Fact,
+    FailedOver,
     ModelCalled,
     PlatformCall,
     Refused,
@@ -127,7 +130,7 @@ class Metrics:
             TurnDone: self._turn, ModelCalled: self._model, ToolRan: self._tool,
             Asked: self._asked, Decided: self._decided, RuleChanged: self._rule,
             Refused: self._refused, PlatformCall: self._platform,
-            BudgetReached: self._budget}
+            BudgetReached: self._budget, FailedOver: self._failover}
         for reason in ExitReason:  # known from the start: a rate over them starts at 0
             self._child(self.turns, reason.value)
         self._prompt, self._completion = self.tokens.labels("prompt"), \
@@ -168,6 +171,11 @@ class Metrics:
                                        ["platform", "method", "status"], registry=r)
         self.budget = Counter("tandem_budget_refusals", "Turns refused by a daily budget",
                               ["scope"], registry=r)
+        self.model_calls = Counter("tandem_model_calls", "Model calls, by the model that "
+                                   "answered (or failed last)", ["model", "ok"], registry=r)
+        self.failovers = Counter("tandem_failovers", "Answers given by a fallback while this "
+                                 "model was unavailable (once per outage and chat)", ["model"],
+                                 registry=r)
 
     # -- the watcher ----------------------------------------------------------------------
 
@@ -190,6 +198,7 @@ class Metrics:
 
     def _model(self, fact: ModelCalled) -> None:
         self._ok[fact.ok].observe(fact.seconds)
+        self._child(self.model_calls, fact.model, "true" if fact.ok else "false").inc()
         if fact.prompt_tokens:
             self._prompt.inc(fact.prompt_tokens)
         if fact.completion_tokens:
@@ -223,6 +232,10 @@ class Metrics:
 
     def _budget(self, fact: BudgetReached) -> None:
         self._child(self.budget, fact.scope).inc()
+
+    def _failover(self, fact: FailedOver) -> None:
+        for model in fact.unavailable:
+            self._child(self.failovers, model).inc()
 
     # -- the endpoint ---------------------------------------------------------------------
 

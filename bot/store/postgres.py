@@ -25,6 +25,7 @@ from bot.core.history import (
 )
 from bot.store import OPEN_KINDS, ApprovalRow, CallRow, ConvRow, TurnRow, Usage
 from bot.store.postgres_base import Conn, Row, conv_key, fetchone, migrate
+from bot.store.postgres_choices import PostgresChoices
 from bot.store.postgres_standing import PostgresStanding
 from bot.store.postgres_talk import PostgresTalk
 
@@ -91,7 +92,7 @@ async def _insert_step(conn: Conn, conv_id: int, session: int, msg: Msg, steps: 
     return stored
 
 
-class PostgresStore(PostgresStanding, PostgresTalk):
+class PostgresStore(PostgresStanding, PostgresTalk, PostgresChoices):
     """Conversations, history, turns, calls, approvals and inbound records."""
 
     # -- conversations ----------------------------------------------------------------

@@ -19,7 +19,8 @@ VERSION_TABLE = ("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRI
                  " applied_at DOUBLE PRECISION NOT NULL)")
 
 TABLES = ("schema_version", "conversations", "messages", "turns", "tool_calls", "approvals",
-          "rules", "inbound", "jobs", "processes", "summaries", "audit", "spend", "talk")
+          "rules", "inbound", "jobs", "processes", "summaries", "audit", "spend", "talk",
+          "chat_models")
 
 MIGRATIONS: list[str] = [
     """
@@ -135,5 +136,11 @@ MIGRATIONS: list[str] = [
         taken BOOLEAN NOT NULL DEFAULT FALSE);
     CREATE INDEX talk_by_place ON talk (place, kind, seq);
     CREATE INDEX talk_by_message ON talk (place, message_id);
+    """,
+    # the model a conversation chose with /model (none: the configured one)
+    """
+    CREATE TABLE chat_models (
+        conv_id BIGINT PRIMARY KEY, model TEXT NOT NULL, chosen_by TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL);
     """,
 ]

@@ -31,6 +31,7 @@ from bot.store import (
     Usage,
 )
 from bot.store.sqlite_base import conv_key
+from bot.store.sqlite_choices import SQLiteChoices
 from bot.store.sqlite_standing import SQLiteStanding
 from bot.store.sqlite_talk import SQLiteTalk
 
@@ -89,7 +90,7 @@ def _insert_step(db: sqlite3.Connection, conv_id: int, session: int, msg: Msg, s
     return stored
 
 
-class SQLiteStore(SQLiteStanding, SQLiteTalk):
+class SQLiteStore(SQLiteStanding, SQLiteTalk, SQLiteChoices):
     """Conversations, history, turns, calls, approvals and inbound records."""
 
     # -- conversations ----------------------------------------------------------------

@@ -169,4 +169,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX talk_by_place ON talk (place, kind, seq);
     CREATE INDEX talk_by_message ON talk (place, message_id);
     """,
+    # the model a conversation chose with /model (none: the configured one)
+    """
+    CREATE TABLE chat_models (
+        conv_id INTEGER PRIMARY KEY, model TEXT NOT NULL, chosen_by TEXT NOT NULL,
+        at REAL NOT NULL);
+    """,
 ]

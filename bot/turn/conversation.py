@@ -45,6 +45,12 @@ class Conversation:
     unread: set[str] = field(default_factory=set)
     """Calls that finished without running (denied, expired, skipped, interrupted): their
     results are Tandem's own words, so they hold nothing read from outside."""
+    model: str | None = None
+    """The model this conversation switched to (`/model`; None: `llm.model`)."""
+    answered_by: str = ""
+    """The model that gave the last answer (a fallback, in an outage)."""
+    told: set[tuple[str, int]] = field(default_factory=set)
+    """Outages of models (model, outage number) this chat was told of."""
     usage: Recent = field(default_factory=Recent)
     """Tokens, cached tokens and cost of the last turns (`/status`)."""
     _prefix: _Prefix = field(default_factory=lambda: _Prefix())
@@ -127,6 +133,11 @@ class Conversation:
             for start, end in zip(self.starts[i:], self.starts[i + 1 :], strict=False):
                 prefix.add(start, end, [m.wire() for m in sanitize(self.history[start:end])])
         return list(prefix.wire), [m.wire() for m in sanitize(self.history[current:])]
+
+    def switch(self, model: str | None) -> None:
+        """Use `model` from the next request on; the whole window is sanitized again."""
+        self.model = model
+        self._prefix.reset(self.cut)
 
     def calibrate(self, estimated: int, actual: int) -> None:
         if estimated > 0 and actual > 0:

@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.core.errors import ModelError
 from bot.core.history import Msg
 from bot.core.watch import ModelCalled, Watch
 from bot.llm import Completion, Delta, ModelClient, Restart
+from bot.llm.failover import Unavailable
 from bot.store import Usage
 from bot.turn.prompt import Request
 
@@ -35,6 +36,10 @@ class Scratch:
     """A cancelled stream's text, stored as the turn ends."""
     final: tuple[Msg, tuple[int, Usage | None]] | None = None
     """The model's answer (a step without tool calls), stored as the turn ends."""
+    model: str = ""
+    """The model that answered the last call."""
+    unavailable: list[Unavailable] = field(default_factory=list)
+    """Models skipped or failed before another answered, this turn."""
 
 
 async def complete(model: ModelClient, request: Request, tools: list[dict[str, Any]],
@@ -60,7 +65,9 @@ async def complete(model: ModelClient, request: Request, tools: list[dict[str, A
         await watch.see(ModelCalled(name, time.monotonic() - started, 0, 0, 0.0, False))
         raise
     if completion is not None:
-        await watch.see(ModelCalled(name, time.monotonic() - started,
+        scratch.model = completion.model or name
+        scratch.unavailable += completion.unavailable
+        await watch.see(ModelCalled(scratch.model, time.monotonic() - started,
                                     completion.prompt_tokens or 0,
                                     completion.completion_tokens or 0,
                                     completion.cost or 0.0, True,
