@@ -10,15 +10,17 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     Field,
     ValidationError,
 )
 
+from bot.core.approvals_config import ApprovalRule, ApprovalsConfig
 from bot.core.chat_config import (
     SlackAssistant,
     SlackConfig,
@@ -41,8 +43,9 @@ from bot.core.sections import (
 )
 from bot.core.tools_config import ShellConfig, ToolsConfig, WebFetchConfig
 
-__all__ = ["Config", "FailoverConfig", "LLMConfig", "ModelEntry", "SlackAssistant",
-           "SlackConfig", "TelegramConfig", "TelegramWebhook",
+__all__ = ["ApprovalRule", "ApprovalsConfig", "Config", "FailoverConfig", "LLMConfig",
+           "ModelEntry", "SlackAssistant", "SlackConfig",
+           "TelegramConfig", "TelegramWebhook",
            "McpConfig", "McpServerConfig", "McpTools", "MediaConfig", "Policy",
            "Section", "ShellConfig", "ToolsConfig", "TranscriptionConfig", "WebFetchConfig",
            "load_config", "require"]
@@ -61,9 +64,20 @@ class StoreConfig(Section):
         return self.url or self.path
 
 
+def _overlay_file(value: str) -> str:
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts or not value.strip():
+        raise ValueError(f"must be a file inside persona.dir, like chats/ops.md, not {value!r}")
+    return value
+
+
 class PersonaConfig(Section):
     dir: str = "persona"
     max_file_chars: int = 20_000
+    places: dict[str, Annotated[str, AfterValidator(_overlay_file)]] = Field(
+        default_factory=dict)
+    """A place (`telegram:<chat>`, `telegram:<chat>/<topic>`, `slack:<channel>`) -> a
+    file inside `dir` whose text is added to the persona there."""
 
 
 class WorkspaceConfig(Section):
@@ -89,12 +103,6 @@ class Limits(Section):
     max_message_chars: int = Field(default=200_000, ge=100)
     breakers: Breakers = Field(default_factory=Breakers)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-
-
-class ApprovalsConfig(Section):
-    tools: dict[str, Policy] = Field(default_factory=dict)
-    expire_after_s: int = Field(default=1800, ge=1)
-    unattended: Literal["deny", "ask"] = "deny"
 
 
 class SchedulerConfig(Section):

@@ -31,6 +31,7 @@ from bot.turn.compaction import with_summary
 from bot.turn.context import check_system_fits
 from bot.turn.conversation import Conversation
 from bot.turn.memory import Memory
+from bot.turn.overlays import Overlays
 from bot.turn.persona import Persona
 
 NOTE_RESERVE_TOKENS = 200
@@ -57,21 +58,32 @@ class Prompt:
         self.tz = ZoneInfo(config.scheduler.timezone)
         self._notes: dict[int, tuple[str, str, int]] = {}
         """id of the notes -> (the notes, their section of the state note, its tokens)."""
-        self._system_seen: tuple[str | None, int] = (None, 0)
-        """(the persona prompt last estimated, its tokens)."""
+        self.overlays = Overlays(persona.dir, config.persona.places,
+                                 config.persona.max_file_chars)
+        self._system_seen: dict[str, tuple[str, str, int]] = {}
+        """overlay section -> (the persona prompt it was added to, the whole, its tokens)."""
         self._tools_seen = (-1, 0)
         """(registry version, estimated tokens of its schemas)."""
 
     def system(self, conv: Conversation | None = None) -> str:
-        """The persona's prompt, read again (cheaply) for every request; unchanged files
-        give the same string object back. (`remember` notes go in the state note.)"""
-        return self.persona.system_prompt()
+        """The persona's prompt with the overlay of the conversation's place, read again
+        (cheaply) for every request; unchanged files give the same string object back.
+        (`remember` notes go in the state note.)"""
+        return self._system(conv)[0]
 
-    def _system_tokens(self) -> int:
+    def _system_tokens(self, conv: Conversation | None = None) -> int:
+        return self._system(conv)[1]
+
+    def _system(self, conv: Conversation | None) -> tuple[str, int]:
         base = self.persona.system_prompt()
-        if self._system_seen[0] is not base:
-            self._system_seen = (base, estimate_tokens(base))
-        return self._system_seen[1]
+        overlay = self.overlays.section(conv.row.key) if conv is not None else ""
+        seen = self._system_seen.get(overlay)
+        if seen is None or seen[0] is not base:
+            whole = f"{base}\n\n{overlay}" if overlay else base
+            if len(self._system_seen) > 1_000:
+                self._system_seen.clear()
+            seen = self._system_seen[overlay] = (base, whole, estimate_tokens(whole))
+        return seen[1], seen[2]
 
     def notes(self, conv: Conversation | None) -> tuple[str, int]:
         """This conversation's (or person's) `remember` notes as a section of the state
@@ -92,7 +104,7 @@ class Prompt:
     def fixed(self, conv: Conversation | None = None) -> int:
         """Estimated tokens sent with every request: system prompt, tools, summary, notes."""
         summary = estimate_tokens(conv.summary) + 8 if conv is not None and conv.summary else 0
-        return self._system_tokens() + self._tool_tokens() + summary + self.notes(conv)[1]
+        return self._system_tokens(conv) + self._tool_tokens() + summary + self.notes(conv)[1]
 
     def _tool_tokens(self) -> int:
         version, tokens = self._tools_seen

@@ -195,3 +195,26 @@ async def test_channel_talk_is_not_kept_unless_turned_on(
             (c.params or {}).get("user") == "U2" for c in fake.calls_to("users.info"))
 
     assert last_said(model) == "[ann] hey"
+
+
+# -- a persona overlay per place -------------------------------------------------------------
+
+
+async def test_a_channels_overlay_applies_to_its_threads_and_nowhere_else(
+        rig: Callable[..., SlackRig], fake: FakeSlackServer, model: FakeModelServer,
+        tmp_path: Path) -> None:
+    model.script(Reply(text="In the channel."), Reply(text="In the DM."))
+    async with rig(persona__places={"slack:C1": "chats/ops.md"}) as r:
+        overlay = tmp_path / "persona" / "chats" / "ops.md"
+        overlay.parent.mkdir(parents=True)
+        overlay.write_text("This is the ops channel: be terse.")
+        root = await r.say("C1", "U1", "status?", mention=True, **CHANNEL)
+        await r.wait_text("C1", "In the channel.", thread=root["ts"])
+        await r.say("D1", "U1", "status?")
+        await r.wait_text("D1", "In the DM.")
+        await r.settle()
+
+    channel, dm = (request["messages"][0]["content"] for request in model.requests)
+    assert channel.endswith("## This place (chats/ops.md)\n\nThis is the ops channel: be terse.")
+    assert "ops channel" not in dm
+

@@ -250,3 +250,29 @@ async def test_group_talk_is_not_kept_unless_turned_on(
         assert await r.hub.d.store.take_talk([f"telegram:{GROUP}"]) == []
 
     assert user_texts(model) == ["[Ann] hey"]
+
+
+# -- a persona overlay per place -------------------------------------------------------------
+
+
+async def test_an_overlay_applies_to_its_chat_only_and_is_read_again_when_edited(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    overlay = tmp_path / "persona" / "chats" / "ops.md"
+    overlay.parent.mkdir(parents=True)
+    overlay.write_text("In this group, answer in German.")
+    places = {f"telegram:{GROUP}": "chats/ops.md"}
+    async with rig(tmp_path, model, fake, persona__places=places) as r:
+        fake.push_message(GROUP, ANN, "@tandem_bot hi", **IN_GROUP)
+        await r.answered(GROUP, "one")
+        fake.push_message(ANN, ANN, "hi")
+        await r.answered(ANN, "two")
+        overlay.write_text("In this group, answer in French.")
+        fake.push_message(GROUP, ANN, "@tandem_bot again", **IN_GROUP)
+        await r.answered(GROUP, "three")
+
+    group, private, edited = (request["messages"][0]["content"] for request in model.requests)
+    assert group.endswith("\n\n## This place (chats/ops.md)\n\nIn this group, answer in German.")
+    assert "This place" not in private and private == group.split("\n\n## This place")[0]
+    assert edited.endswith("answer in French.")
+

@@ -83,3 +83,14 @@ def test_require_names_a_missing_secret(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "telegram:\n  enabled: true\n"), environ={})
     with pytest.raises(ConfigError, match="telegram.token"):
         require(config, "telegram.token")
+
+
+@pytest.mark.parametrize("file", ["../secrets.md", "/etc/passwd", "' '"])
+def test_a_persona_overlay_must_be_a_file_inside_the_persona_folder(tmp_path: Path,
+                                                                    file: str) -> None:
+    path = write(tmp_path, f"persona:\n  places:\n    'telegram:-1': {file}\n")
+    with pytest.raises(ConfigError, match="persona.places.telegram:-1: .*must be a file "
+                                          "inside persona.dir"):
+        load_config(path, environ={})
+    path = write(tmp_path, "persona:\n  places:\n    'telegram:-1': chats/a.md\n")
+    assert load_config(path, environ={}).persona.places == {"telegram:-1": "chats/a.md"}
