@@ -87,19 +87,22 @@ def _scaled(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     return out
 
 
-def encode(data: bytes) -> tuple[str, bytes]:
-    """(mime, bytes) of the picture as the model gets it; ValueError if it is not one,
-    TooManyPixels (a ValueError) if it is too large to decode."""
+def encode(source: bytes | Path) -> tuple[str, bytes]:
+    """(mime, bytes) of the picture (its bytes, or the file: read in pieces as it is
+    decoded) as the model gets it; ValueError if it is not one, TooManyPixels (a
+    ValueError) if it is too large to decode."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     Image.MAX_IMAGE_PIXELS = PIL_PIXELS
     try:
-        with _decoding, Image.open(io.BytesIO(data)) as opened:
+        with _decoding, Image.open(io.BytesIO(source) if isinstance(source, bytes)
+                                   else source) as opened:
             fmt = opened.format
             if (fmt in ("JPEG", "PNG") and max(opened.size) <= MAX_SIDE
                     and not getattr(opened, "is_animated", False)
                     and opened.getexif().get(0x0112, 1) == 1):
                 opened.load()  # decodes it whole (at most 2,048² px): a broken file fails
+                data = source if isinstance(source, bytes) else source.read_bytes()
                 return f"image/{fmt.lower()}", data  # already fine: sent as it is
             # shrink first (a JPEG decodes straight at a smaller scale), turn upright after:
             # no full-size copy is made
@@ -143,7 +146,7 @@ def prepare(path: Path) -> Path:
             return kept
     except FileNotFoundError:
         pass
-    _, data = encode(path.read_bytes())
+    _, data = encode(path)
     private_dir(kept.parent)
     tmp = kept.with_name(f".{kept.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
