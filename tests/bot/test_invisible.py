@@ -11,9 +11,8 @@ from collections import defaultdict
 import pytest
 import regex
 
-from bot.core.invisible import DEFAULT_IGNORABLE, visible
 from bot.core.redact import MARK, Redactor
-from bot.tools import Tool
+from bot.tools import Tool, visible
 
 API_KEY = "lk-proxy-Rk8Jv2Qm9Zx4-0123456789abcdef0"
 """Known from the config only (no token shape): 37 characters, as in `curl -d "ok…"`."""
@@ -36,6 +35,8 @@ SAMPLES |= {f"U+{c:04X}": chr(c) for c in (0xFE0F, 0xE0100, 0xE01EF, 0x034F, 0x3
 
 
 def test_the_table_is_unicodes_property() -> None:
+    from bot.core.invisible import DEFAULT_IGNORABLE
+
     ours = [chr(c) for a, b in DEFAULT_IGNORABLE for c in range(a, b + 1)]
     assert ours == IGNORABLES
     assert {"Mn", "Lo", "Cf", "Cn"} <= set(BY_CATEGORY)  # every category has some
