@@ -13,27 +13,13 @@ import hashlib
 
 from bot.core.buttons import ItemButton, pack
 from bot.core.config import Config
-from bot.core.events import Button, Command, ConvKey, Notice
+from bot.core.events import Button, Command, Notice
 from bot.core.llm_config import ModelEntry
 from bot.core.watch import ModelChosen, Watch
 from bot.llm.failover import find
 from bot.store import Store
 from bot.turn.conversation import Conversation
 from bot.turn.model_choice import in_use, refresh
-
-NOT_YOURS = "Only an approver can do that here."
-
-
-def may_switch(key: ConvKey, approver: bool) -> bool:
-    """Who may switch where `bot.serve.permissions` does not say: approvers anywhere,
-    anyone in a direct chat (a Telegram private chat has a positive id, a Slack DM's id
-    starts with D)."""
-    match key.platform:
-        case "telegram":
-            return approver or not key.chat_id.startswith("-")
-        case "slack":
-            return approver or key.chat_id.startswith("D")
-    return True  # the terminal: whoever runs Tandem
 
 
 def button_id(model: str) -> str:
