@@ -134,6 +134,10 @@ class Config(Section):
     audit: AuditConfig = Field(default_factory=AuditConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    busy: Literal["queue", "steer"] = "queue"
+    """A message sent while Tandem works: `queue` answers it after the current turn
+    (merged with others sent meanwhile); `steer` gives it to the running turn before its
+    next model call."""
     source: str | None = None
     """Path of the file this was loaded from (kept so tools can refuse to touch it)."""
 

@@ -65,6 +65,16 @@ class Lanes(Generic[W]):
     def expire_at(self, item: W, at: float) -> None:
         """An approval's expiry that must outlive this process (the timers serve here)."""
 
+    def take_messages(self, key: ConvKey) -> list[W]:
+        """The messages (and edits of them) waiting at the front of the conversation's
+        lane, taken out for its running turn (`busy: steer`). Lanes across workers keep
+        none here: their messages wait for the next turn."""
+        lane = self._lanes.get(key)
+        taken: list[W] = []
+        while lane is not None and lane.inbox and isinstance(lane.inbox[0], UserMessage | Edit):
+            taken.append(lane.inbox.popleft())
+        return taken
+
     def park(self, key: ConvKey, item: W) -> None:
         """Keep `item` until the conversation's current turn is over (`unpark`)."""
         self._lanes.setdefault(key, _Lane()).parked.append(item)

@@ -34,7 +34,7 @@ from bot.core.events import (
     User,
     UserMessage,
 )
-from bot.core.history import Said
+from bot.core.history import Msg, Said
 from bot.serve import commands
 from bot.serve.access import LOCAL_PLATFORMS, Access
 from bot.serve.approvals import Approvals
@@ -74,6 +74,8 @@ class Worker:
         self.lanes: Lanes[Work] = (lanes or Lanes)(self._handle)
         self.convs = Conversations(self._load, self.lanes.busy)
         self.approvals = Approvals(runner, access, self.due)
+        if self.d.config.busy == "steer":
+            self.d.steer = self._steer
 
     def due(self, key: ConvKey, approval_id: str) -> None:
         """An approval's timer fired: its expiry waits its turn on the lane."""
@@ -194,6 +196,22 @@ class Worker:
             yield self.lanes.begin(key, None, owner)
         finally:
             self.lanes.end(key)
+
+    async def _steer(self, conv: Conversation) -> None:
+        """`busy: steer`: the messages that wait behind the running turn join it now, at
+        its next model call, so the model can change course."""
+        waiting = self.lanes.take_messages(conv.row.key)
+        batch = await self._edited([m for m in waiting if isinstance(m, UserMessage | Edit)])
+        if not batch or conv.turn is None:
+            return
+        said, notes = await self.intake.said(batch)
+        for note in notes:
+            await self.d.emit(Notice(conv.row.key, note))
+        refs = [m.ref for m in batch if m.ref]
+        messages = [Msg("user", text, conv.turn.turn, media=media) for text, media in said]
+        stored = await self.d.store.add_to_turn(conv.row.id, conv.row.session, messages, refs)
+        for msg in stored or ():
+            conv.append(msg)
 
     async def _messages(self, conv: Conversation, batch: list[UserMessage],
                         cancel: CancelSignal) -> None:

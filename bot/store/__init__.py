@@ -241,6 +241,10 @@ class Store(Protocol):
         one of them was done already (a copy of inbound that was processed: this is
         what makes each inbound start at most one turn). A turn that already exists in
         this session is an error."""
+    async def add_to_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
+                          refs: Sequence[str]) -> list[Msg] | None:
+        """Messages given to a running turn (`busy: steer`), their inbound marked processed,
+        in one commit; None when that inbound was processed already."""
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
                                usage: Usage | None = None) -> Msg:
         """The model's step, its tool calls (PENDING), the step count and usage, in one

@@ -217,6 +217,14 @@ class PostgresStore(PostgresStanding, PostgresTalk, PostgresChoices):
                 (conv_id, session, messages[0].turn, requester, unattended, now))
             return stored
 
+    async def add_to_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
+                          refs: Sequence[str]) -> list[Msg] | None:
+        async with self._tx() as conn:
+            if refs and (await conn.execute(_MARK_DONE, (list(refs),))).rowcount == 0:
+                return None
+            now = time.time()
+            return [await _insert_msg(conn, conv_id, session, m, now) for m in messages]
+
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
                                usage: Usage | None = None) -> Msg:
         """The model's step, its tool calls (PENDING) and its token usage, in one commit."""

@@ -242,6 +242,17 @@ class SQLiteStore(SQLiteStanding, SQLiteTalk, SQLiteChoices):
 
         return await self._tx(fn)
 
+    async def add_to_turn(self, conv_id: int, session: int, messages: Sequence[Msg],
+                          refs: Sequence[str]) -> list[Msg] | None:
+        def fn(db: sqlite3.Connection) -> list[Msg] | None:
+            marks = ",".join("?" * len(refs))
+            if refs and db.execute(f"UPDATE inbound SET done=1 WHERE done=0 AND ref IN"
+                                   f" ({marks})", tuple(refs)).rowcount == 0:
+                return None
+            return [_insert_msg(db, conv_id, session, m, time.time()) for m in messages]
+
+        return await self._tx(fn)
+
     async def append_assistant(self, conv_id: int, session: int, msg: Msg, steps: int,
                                usage: Usage | None = None) -> Msg:
         """The model's step, its tool calls (PENDING) and its token usage, in one commit."""

@@ -36,3 +36,6 @@ class Deps:
     """Told what happened: the audit log and the metrics (`bot.core.watch`)."""
     budget: Budget | None = None
     """Daily budgets (`bot.ops.budget`, injected by `bot.run.app`); None: no budgets."""
+    steer: Callable[[Conversation], Awaitable[None]] | None = None
+    """`busy: steer`: gives a running turn the messages sent meanwhile, before each model
+    call (set by the worker that owns the lanes); None: they wait for the next turn."""

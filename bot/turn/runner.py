@@ -232,6 +232,8 @@ class Runner:
     async def _reason(self, conv: Conversation, state: t.TurnState, cancel: CancelSignal,
                       scratch: Scratch) -> None:
         await self._progress(conv, state, Phase.THINKING, scratch)
+        if self.d.steer is not None:  # `busy: steer`: messages sent meanwhile join the turn
+            await self.d.steer(conv)
         reached = None if self.budget is None else \
             await self.budget.reached(conv.row, state.requester)
         if reached is not None:

@@ -218,3 +218,24 @@ async def test_a_channels_overlay_applies_to_its_threads_and_nowhere_else(
     assert channel.endswith("## This place (chats/ops.md)\n\nThis is the ops channel: be terse.")
     assert "ops channel" not in dm
 
+
+# -- a message sent while Tandem works ---------------------------------------------------------
+
+
+async def test_steer_gives_a_message_sent_meanwhile_to_the_running_turn(
+        rig: Callable[..., SlackRig], fake: FakeSlackServer, model: FakeModelServer) -> None:
+    look = Reply(tool_calls=[ToolCallSpec("list_dir", {"path": "."})], chunk_size=2,
+                 chunk_delay=0.05)
+    model.script(look, Reply(text="Changed course."))
+    async with rig(busy="steer") as r:
+        await r.say("D1", "U1", "look around the workspace")
+        await model.wait_requests(1)
+        await r.say("D1", "U1", "actually, only the docs folder")
+        await r.wait_text("D1", "Changed course.")
+        await r.settle()
+
+    assert len(model.requests) == 2
+    messages = model.requests[1]["messages"]
+    assert [m["role"] for m in messages][-4:] == ["assistant", "tool", "user", "user"]
+    assert messages[-2]["content"] == "[ann] actually, only the docs folder"
+

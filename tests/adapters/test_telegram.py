@@ -86,7 +86,7 @@ def tg_config(tmp_path: Path, model: FakeModelServer, fake: FakeTelegram,
               **telegram: Any) -> Any:
     settings = {"enabled": True, "token": fake.token, "base_url": f"{fake.url}/bot",
                 "allowed_users": [ANN], "drafts": False, **telegram}
-    extra = {k: settings.pop(k) for k in ("approvals", "limits", "persona__places")
+    extra = {k: settings.pop(k) for k in ("approvals", "limits", "persona__places", "busy")
              if k in settings}
     return make_config(tmp_path, model, telegram=settings, **extra)
 

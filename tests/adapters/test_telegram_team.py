@@ -276,3 +276,44 @@ async def test_an_overlay_applies_to_its_chat_only_and_is_read_again_when_edited
     assert "This place" not in private and private == group.split("\n\n## This place")[0]
     assert edited.endswith("answer in French.")
 
+
+# -- a message sent while Tandem works ---------------------------------------------------------
+
+
+SLOW_LOOK = Reply(tool_calls=[ToolCallSpec("list_dir", {"path": "."})], chunk_size=2,
+                  chunk_delay=0.05)
+"""A first step that takes about a second to arrive, then runs an allowed tool."""
+
+
+async def test_steer_gives_a_message_sent_meanwhile_to_the_running_turn(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(SLOW_LOOK, Reply(text="Changed course: the docs folder."))
+    async with rig(tmp_path, model, fake, busy="steer") as r:
+        fake.push_message(ANN, ANN, "look around the workspace")
+        await model.wait_requests(1)
+        fake.push_message(ANN, ANN, "actually, only the docs folder")
+        await r.answered(ANN, "Changed course: the docs folder.")
+        await r.settle()
+
+    assert len(model.requests) == 2  # one turn: the message was read at its next step
+    messages = model.requests[1]["messages"]
+    roles = [m["role"] for m in messages]
+    assert roles[-4:] == ["assistant", "tool", "user", "user"]  # then the state note
+    assert messages[-2]["content"] == "[Ann] actually, only the docs folder"
+    assert len(r.bot(ANN)) == 1
+
+
+async def test_queue_answers_a_message_sent_meanwhile_after_the_turn(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    model.script(SLOW_LOOK, Reply(text="Here is the workspace."), Reply(text="The docs."))
+    async with rig(tmp_path, model, fake) as r:
+        fake.push_message(ANN, ANN, "look around the workspace")
+        await model.wait_requests(1)
+        fake.push_message(ANN, ANN, "actually, only the docs folder")
+        await r.answered(ANN, "The docs.")
+        await r.settle()
+
+    assert len(model.requests) == 3
+    assert not any("docs folder" in text for text in said(model.requests[1]["messages"]))
+    assert said(model.requests[2]["messages"])[-1] == "[Ann] actually, only the docs folder"
+
