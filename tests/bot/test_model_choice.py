@@ -232,3 +232,25 @@ async def test_the_choice_is_kept_per_conversation(store: Store) -> None:
     assert await store.chat_model(two.id) is None
     await store.set_chat_model(one.id, None, "42")
     assert await store.chat_model(one.id) is None
+
+
+# -- a cut answer on screen ---------------------------------------------------------------
+
+async def test_a_cut_answer_is_not_finished_by_another_model_unless_marked(
+        tmp_path: Path, primary: FailingModel, backup: FailingModel) -> None:
+    partial = "The first half of an answer that goes on and on"
+    primary.script(Reply(text=partial, fault="drop"))
+    async with core(configure(tmp_path, primary, backup), Clock()) as c:
+        await c.say("tell me")
+        [ended] = await c.sink.ended()
+    assert backup.requests == []  # the text on screen is not followed by another model's
+    assert ended.reason == "error" and "↪" not in ended.text
+    primary.script(Reply(text=partial, fault="drop"))
+    backup.script(Reply(text="A whole answer."))
+    marked = configure(tmp_path, primary, backup, llm__failover={"after_cut": True})
+    async with core(marked, Clock()) as c:
+        await c.say("tell me again")
+        [ended] = await c.sink.ended()
+    assert ended.text == ("A whole answer.\n\n"
+                          "↪ answered by openai/backup: openai/fake was cut off mid-answer")
+    assert partial not in ended.text  # said once: the cut text was replaced, not repeated
