@@ -20,7 +20,6 @@ import pytest
 from telegram import Bot
 
 from adapters.telegram import TelegramAdapter, create
-from adapters.telegram_webhook import THROTTLE_FAILURES, Throttle
 from bot.core.config import Config
 from bot.core.errors import ConfigError
 from bot.core.events import ConvKey, Notice
@@ -161,6 +160,8 @@ async def test_wrong_secrets_are_throttled_per_address(
         tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
     """After ten wrong secrets in a minute, the address gets 429 without being checked,
     the right secret too: guessing stops."""
+    from adapters.telegram_webhook import THROTTLE_FAILURES, Throttle
+
     update = b'{"update_id": 9}'
     async with tg_rig(tmp_path, model, fake, mode="webhook", webhook=webhook()) as rig:
         url = rig.adapter.url
