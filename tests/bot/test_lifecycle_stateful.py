@@ -5,7 +5,9 @@ client) against the strict fake model over HTTP, with random sequences of messag
 model steps (shell calls that ask, list_dir calls that are allowed, unknown tools,
 reused call ids), presses (approve / deny / always, again on a decided card, by a
 stranger), expiries, cancels (also while a card is being posted), `/new`, scheduled
-runs and restarts. After every rule the store and the events must agree:
+runs, restarts, edits of earlier messages (and of messages never seen), and two messages
+at once (with `busy: steer`, `SteerMachine`, the second joins the running turn). After
+every rule the store and the events must agree:
 
 1. a call outside the one unfinished turn is finished with exactly one result message;
    the calls of a suspended turn are pending / asking / allowed, never submitted;
@@ -43,11 +45,13 @@ from bot.core.events import (
     Cancel,
     Command,
     Decision,
+    Edit,
     Notice,
     Suspended,
     Trigger,
     TurnEnded,
     User,
+    UserMessage,
     Verdict,
 )
 from tests.conftest import Core, HoldCards, Recorder, make_config
@@ -85,6 +89,8 @@ def spec(kind: str, n: int, fixed: bool) -> ToolCallSpec:
 
 
 class LifecycleMachine(RuleBasedStateMachine):
+    busy = "queue"
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="tandem-stateful-"))
@@ -97,7 +103,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.threads = set(threading.enumerate())
         self.run(self.server.start())
         self.server.responder = self._respond
-        self.config = make_config(self.tmp, self.server)
+        self.config = make_config(self.tmp, self.server, busy=self.busy)
+        self.sent: list[str] = []
+        """The ids of the messages sent, for edits to name."""
         self.db_path = self.tmp / "tandem.db"
         self.run(self._open())
 
@@ -191,7 +199,39 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(text=texts)
     def say(self, text: str) -> None:
-        self.run(self._settled(self.c.say(text)))
+        self.run(self._settled(self._say(text)))
+
+    async def _say(self, text: str) -> None:
+        core = self.c
+        self.sent.append(f"m{len(self.sent)}")
+        await core.hub.submit(UserMessage(core.key, core.user, text, message_id=self.sent[-1]))
+
+    @rule(text=texts, second=texts)
+    def say_twice(self, text: str, second: str) -> None:
+        """A second message while the first one's turn runs (or waits)."""
+        async def both() -> None:
+            await self._say(text)
+            await self._say(second)
+
+        self.run(self._settled(both()))
+
+    @precondition(lambda self: bool(self.sent))
+    @rule(pick=picks, text=texts)
+    def edit(self, pick: int, text: str) -> None:
+        """An edit of an earlier message: a note for the next turn, never an answer."""
+        core = self.c
+        turns, requests = self.query("SELECT COUNT(*) FROM turns"), len(self.server.requests)
+        edit = Edit(core.key, core.user, self.sent[pick % len(self.sent)], f"{text} (edited)")
+        self.run(self._settled(core.hub.submit(edit)))
+        assert self.query("SELECT COUNT(*) FROM turns") == turns
+        assert len(self.server.requests) == requests
+
+    @rule(text=texts)
+    def edit_of_a_message_never_seen(self, text: str) -> None:
+        core = self.c
+        before = self.snapshot()
+        self.run(self._settled(core.hub.submit(Edit(core.key, core.user, "elsewhere", text))))
+        assert self.snapshot() == before
 
     @precondition(has_live)
     @rule(pick=picks)
@@ -462,6 +502,19 @@ LifecycleMachine.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=15, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestLifecycle = LifecycleMachine.TestCase
+
+
+class SteerMachine(LifecycleMachine):
+    """The same rules and invariants with `busy: steer`: a message sent while a turn runs
+    joins it before its next model call (the history stays valid for the model)."""
+
+    busy = "steer"
+
+
+SteerMachine.TestCase.settings = settings(
+    max_examples=max(EXAMPLES // 2, 5), stateful_step_count=15, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestSteer = SteerMachine.TestCase
 
 
 async def test_two_calls_with_one_id_in_one_step(model: FakeModelServer,
