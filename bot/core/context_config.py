@@ -16,3 +16,6 @@ class ContextConfig(Section):
     """A full window is trimmed down to this share of the history's room, so the turns
     after a trim share one prefix (the provider's prompt cache keeps hitting) until the
     window is full again. 1 trims just enough, every turn."""
+    cache_breakpoints: bool = True
+    """Mark prompt-cache breakpoints for the models that cache only up to one (Claude,
+    Gemini: `bot.llm.caching`); false for an endpoint that refuses `cache_control`."""

@@ -25,16 +25,18 @@ MARK = "cache_control"
 EPHEMERAL = {"type": "ephemeral"}
 MAX_BREAKPOINTS = 4
 EXPLICIT_PROVIDERS = frozenset({"anthropic", "gemini"})
-EXPLICIT_FAMILIES = ("claude", "gemini")
-"""A model of these families needs breakpoints through any provider (Bedrock, Vertex AI,
-OpenRouter, a gateway)."""
+GEMINI_HOSTS = frozenset({"vertex_ai", "vertex_ai_beta", "openrouter"})
+"""Where litellm turns breakpoints into Gemini's context cache. (Through Google's
+OpenAI-compatible endpoint Gemini caches on its own, and `cache_control` is refused.)"""
 
 
 def needs_breakpoints(model: str) -> bool:
+    """Claude through any provider (Bedrock, Vertex AI, OpenRouter, a gateway), and Gemini
+    where litellm speaks its own API."""
     provider, _, name = model.lower().partition("/")
-    if provider in EXPLICIT_PROVIDERS:
+    if provider in EXPLICIT_PROVIDERS or "claude" in (name or provider):
         return True
-    return any(family in (name or provider) for family in EXPLICIT_FAMILIES)
+    return provider in GEMINI_HOSTS and "gemini" in name
 
 
 def mark(message: dict[str, Any]) -> dict[str, Any]:

@@ -139,11 +139,12 @@ class Prompt:
                 f"tokens{older}.{tasks}]")
 
     def build(self, conv: Conversation, window: int) -> Request:
-        system = [mark({"role": "system", "content": self.system(conv)})]
-        messages = with_summary(system, conv.summary)
+        marks = self.config.context.cache_breakpoints
+        system = {"role": "system", "content": self.system(conv)}
+        messages = with_summary([mark(system) if marks else system], conv.summary)
         finished, current = conv.wire_parts()
-        messages += _marked_last(finished)
-        messages += _marked_last(current)
+        messages += _marked_last(finished) if marks else finished
+        messages += _marked_last(current) if marks else current
         state = self.note(conv, window)
         notes = self.notes(conv)[0]
         messages.append({"role": "user", "content": f"{state}\n\n{notes}" if notes else state})

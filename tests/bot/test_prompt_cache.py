@@ -54,9 +54,12 @@ def test_marks_become_breakpoints_for_claude_and_vanish_for_openai() -> None:
     assert for_model("openai/gpt-4o", messages) == plain
     assert for_model("deepseek/deepseek-chat", messages) == plain
     for model in ("bedrock/anthropic.claude-3-5-sonnet", "vertex_ai/claude-sonnet-4-5",
-                  "openrouter/anthropic/claude-sonnet-4.5", "gemini/gemini-2.5-pro"):
+                  "openrouter/anthropic/claude-sonnet-4.5", "gemini/gemini-2.5-pro",
+                  "vertex_ai/gemini-2.5-pro", "openrouter/google/gemini-2.5-pro",
+                  "openai/claude-sonnet-4-5", "anthropic.claude-3-haiku"):
         assert needs_breakpoints(model), model
-    for model in ("openai/gpt-4o", "xai/grok-4", "deepseek/deepseek-chat", "gpt-4o-mini"):
+    for model in ("openai/gpt-4o", "xai/grok-4", "deepseek/deepseek-chat", "gpt-4o-mini",
+                  "openai/gemini-2.5-flash"):  # Google's OpenAI-compatible endpoint
         assert not needs_breakpoints(model), model
 
 
@@ -237,3 +240,21 @@ async def test_claude_requests_stay_valid_and_mostly_cached_across_trims_and_sum
     # at this small window a trim comes every 6 turns (its turn reads only the tools and
     # system prompt); the benchmark's 12,000-token window reads 94 %
     assert read >= 0.7 * total, (read, total)
+
+
+async def test_breakpoints_can_be_turned_off_for_an_endpoint_that_refuses_them(
+        tmp_path: Any) -> None:
+    server = FakeModelServer(cache="anthropic")
+    await server.start()
+    config = make_config(tmp_path, server, llm__model=CLAUDE,
+                         context__cache_breakpoints=False)
+    try:
+        async with Core(config) as core:
+            for n in range(2):
+                await core.say(f"question {n}")
+                await core.sink.ended(n + 1)
+    finally:
+        await server.close()
+    assert len(server.requests) == 2
+    assert all(breakpoints(r) == 0 for r in server.requests)
+    assert server.requests[0]["messages"][0]["content"] == core.hub.d.prompt.system()
