@@ -204,7 +204,7 @@ class Worker:
         batch = await self._edited([m for m in waiting if isinstance(m, UserMessage | Edit)])
         if not batch or conv.turn is None:
             return
-        said, notes = await self.intake.said(batch)
+        said, notes = await self.intake.said(batch, conv.row, self.runner.budget)
         for note in notes:
             await self.d.emit(Notice(conv.row.key, note))
         refs = [m.ref for m in batch if m.ref]
