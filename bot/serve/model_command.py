@@ -16,7 +16,7 @@ from bot.core.config import Config
 from bot.core.events import Button, Command, Notice
 from bot.core.llm_config import ModelEntry
 from bot.core.watch import ModelChosen, Watch
-from bot.llm.failover import find
+from bot.llm.failover import bare, find
 from bot.store import Store
 from bot.turn.conversation import Conversation
 from bot.turn.model_choice import in_use, refresh
@@ -59,6 +59,9 @@ async def model(config: Config, store: Store, watch: Watch | None, conv: Convers
         return Notice(key, refused, ephemeral_to=cmd.user)
     entry = _entry(config, wanted)
     if entry is None:
+        same = [m.model for m in config.llm.choices() if bare(m.model) == bare(wanted)]
+        if len(same) > 1:
+            return Notice(key, f"{wanted} is {' and '.join(same)}: name it with its provider.")
         names = ", ".join(m.model for m in config.llm.choices())
         return Notice(key, f"No model called {wanted} here. The choices: {names}.")
     choice = None if entry.model == config.llm.model else entry.model

@@ -17,7 +17,7 @@ import pytest
 from bot import llm
 from bot.core.config import LLMConfig, load_config
 from bot.core.errors import ModelStreamCut, ModelUnreachable
-from bot.llm.failover import Health, choosing, targets
+from bot.llm.failover import Health, choosing, find, targets
 from tests.fakes.failing_model import FailingModel
 from tests.fakes.model_server import Reply
 
@@ -121,6 +121,9 @@ def test_fallbacks_and_models_take_names_or_entries() -> None:
     assert [m.model for m in config.choices()] == ["openai/a", "anthropic/d"]
     chosen = targets(config, "d")  # a choice heads the chain, the fallbacks follow
     assert [t.model for t in chosen] == ["anthropic/d", "anthropic/b", "openai/c"]
+    both = LLMConfig.model_validate({"model": "openai/x", "models": ["azure/x"]})
+    assert find(both, "x") is None  # two providers' x: only a full name says which
+    assert find(both, "AZURE/X") is not None and find(both, "openai/x") is not None
 
 
 # -- skipped after N failures, tried again after the cool-down -----------------------------

@@ -59,8 +59,8 @@ async def backup() -> AsyncIterator[FailingModel]:
 def configure(tmp_path: Path, primary: FailingModel, backup: FailingModel,
               **overrides: Any) -> Config:
     other = {"model": "openai/backup", "api_base": backup.api_base, "api_key": "sk-backup"}
-    return make_config(tmp_path, primary, llm__retries=0, llm__fallbacks=[other],
-                       llm__models=[other], **overrides)
+    settings = {"llm__retries": 0, "llm__fallbacks": [other], "llm__models": [other]}
+    return make_config(tmp_path, primary, **{**settings, **overrides})
 
 
 def core(config: Config, clock: Clock) -> Core:
@@ -172,6 +172,17 @@ async def test_an_unknown_name_changes_nothing(tmp_path: Path, primary: FailingM
         told = await command(c, "model", "gpt-9")
         assert await c.hub.d.store.chat_model(1) is None
     assert told.text == "No model called gpt-9 here. The choices: openai/fake, openai/backup."
+
+
+async def test_a_bare_name_two_providers_share_asks_for_the_provider(
+        tmp_path: Path, primary: FailingModel, backup: FailingModel) -> None:
+    config = configure(tmp_path, primary, backup, llm__models=[
+        {"model": "azure/fake", "api_base": backup.api_base}])
+    async with core(config, Clock()) as c:
+        told = await command(c, "model", "fake")
+        switched = await command(c, "model", "azure/fake")
+    assert told.text == "fake is openai/fake and azure/fake: name it with its provider."
+    assert switched.text.startswith("This conversation now uses azure/fake")
 
 
 async def test_a_choice_no_longer_configured_is_no_choice(
