@@ -265,3 +265,20 @@ async def test_a_cut_answer_is_not_finished_by_another_model_unless_marked(
     assert ended.text == ("A whole answer.\n\n"
                           "↪ answered by openai/backup: openai/fake was cut off mid-answer")
     assert partial not in ended.text  # said once: the cut text was replaced, not repeated
+
+
+async def test_a_switch_made_by_one_process_holds_in_another_on_postgresql(
+        tmp_path: Path, primary: FailingModel, backup: FailingModel) -> None:
+    backup.responder = lambda messages: Reply(text="from the other model")
+    with pg.database() as url:
+        config = configure(tmp_path, primary, backup, store__url=url)
+        async with core(config, Clock()) as one, core(config, Clock()) as two:
+            await two.say("first")  # the conversation is in the second one's memory
+            await two.sink.ended()
+            await command(one, "model", "backup")  # switched by the first
+            await two.say("second")
+            await two.sink.ended(2)
+            status = await command(two, "status")
+    assert [r["model"] for r in primary.requests] == ["fake"]
+    assert [r["model"] for r in backup.requests] == ["backup"]
+    assert status.text.startswith("Model: openai/backup (chosen with /model)")
