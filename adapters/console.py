@@ -63,7 +63,8 @@ def typed(buttons: tuple[Button, ...]) -> str:
             lines.append(f"  {button.label}: /{data.command} {data.item_id}\n")
     return "".join(lines)
 ANSWERS = {"y": Verdict.APPROVE, "yes": Verdict.APPROVE, "n": Verdict.DENY, "no": Verdict.DENY,
-           "a": Verdict.ALWAYS, "always": Verdict.ALWAYS}
+           "a": Verdict.ALWAYS, "always": Verdict.ALWAYS, "s": Verdict.SESSION,
+           "session": Verdict.SESSION}
 
 
 def history_path(store_target: str) -> Path | None:
@@ -224,7 +225,7 @@ class Console:
 
     def prompt(self) -> str:
         """The input line's prompt: it says when an approval waits for the answer."""
-        return "y/n/a› " if self.pending else "› "
+        return "y/n/s/a› " if self.pending else "› "
 
     # -- input ------------------------------------------------------------------------
 

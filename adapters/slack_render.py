@@ -33,9 +33,10 @@ characters (`msg_blocks_too_long`), so a message carries at most 4 full sections
 CANCEL_ACTION = "tandem_cancel"
 BUTTON_ACTION = "tandem_button"
 VERDICT_ACTIONS = {Verdict.APPROVE: "tandem_approve", Verdict.DENY: "tandem_deny",
-                   Verdict.ALWAYS: "tandem_always"}
+                   Verdict.SESSION: "tandem_session", Verdict.ALWAYS: "tandem_always"}
 OUTCOMES = {"approved": "✅ Approved by {by}", "denied": "❌ Denied by {by}",
             "always": "✅ Always allowed in this chat by {by}",
+            "session": "✅ Allowed for this conversation by {by}",
             "expired": "⌛ Expired — not run", "cancelled": "⏹ Cancelled — not run",
             "superseded": "↪️ Skipped — a new message came first"}
 _USER_ID = re.compile(r"[UW][A-Z0-9]+")
@@ -223,10 +224,12 @@ def approval_card(approval_id: str, tool: str, summary: str, requester: User,
     code = code_sections(summary)
     foot = context(f"Requested by {mention(requester)} · expires in {expires(expires_in_s)}")
     buttons = actions([
-        button("Approve", VERDICT_ACTIONS[Verdict.APPROVE],
+        button("Approve once", VERDICT_ACTIONS[Verdict.APPROVE],
                pack(ApprovalButton(approval_id, Verdict.APPROVE)), "primary"),
         button("Deny", VERDICT_ACTIONS[Verdict.DENY],
                pack(ApprovalButton(approval_id, Verdict.DENY)), "danger"),
+        button("This conversation", VERDICT_ACTIONS[Verdict.SESSION],
+               pack(ApprovalButton(approval_id, Verdict.SESSION))),
         button("Always in this channel", VERDICT_ACTIONS[Verdict.ALWAYS],
                pack(ApprovalButton(approval_id, Verdict.ALWAYS))),
     ])

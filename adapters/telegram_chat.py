@@ -40,8 +40,8 @@ PLATFORM = "telegram"
 MAX_TEXT = 4096
 RECENT = 1000
 """Inbound messages remembered, for a 👀 on the one that is queued."""
-VERDICTS = (("✅ Approve", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
-            ("♾️ Always in this chat", Verdict.ALWAYS))
+VERDICTS = (("✅ Approve once", Verdict.APPROVE), ("❌ Deny", Verdict.DENY),
+            ("💬 This conversation", Verdict.SESSION), ("♾️ Always in this chat", Verdict.ALWAYS))
 
 
 def where_of(conv: ConvKey) -> tuple[int, int | None]:

@@ -303,6 +303,7 @@ OUTCOMES = {
     "approved": "✅ Approved by {by}",
     "denied": "❌ Denied by {by}",
     "always": "✅ Always allowed in this chat by {by}",
+    "session": "✅ Allowed for this conversation by {by}",
     "expired": "⌛ Expired — not run",
     "cancelled": "⏹ Cancelled — not run",
     "superseded": "↪️ Skipped — a new message came first",

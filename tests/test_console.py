@@ -423,7 +423,7 @@ async def test_an_approval_is_answered_at_the_prompt(model: FakeModelServer,
     try:
         await term.send("write it\r")
         await term.shows("Approve? [y]es / [n]o / [a]lways in this chat")
-        await term.until(lambda: term.screen.last() == "y/n/a›", "the approval prompt")
+        await term.until(lambda: term.screen.last() == "y/n/s/a›", "the approval prompt")
         await term.send("y\r")
         await term.shows("Written.")
         assert (tmp_path / "ws" / "out.txt").read_text() == "hi\n"

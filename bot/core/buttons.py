@@ -14,7 +14,8 @@ MAX_BYTES = 64
 STALE = "This button is no longer valid."
 """The answer to a press whose data means nothing (forged, or from an older version);
 a press on a decided card gets the core's own answer ("Already decided: …")."""
-_VERDICT_CODES = {Verdict.APPROVE: "a", Verdict.DENY: "d", Verdict.ALWAYS: "w"}
+_VERDICT_CODES = {Verdict.APPROVE: "a", Verdict.DENY: "d", Verdict.ALWAYS: "w",
+                  Verdict.SESSION: "s"}
 _CODE_VERDICTS = {v: k for k, v in _VERDICT_CODES.items()}
 
 

@@ -15,13 +15,14 @@ from collections.abc import Callable
 from bot import turn as t
 from bot.core.events import ApprovalResolved, ConvKey, Decision, Notice, User, Verdict
 from bot.serve.access import Access
+from bot.serve.permissions import Action, may
 from bot.store import ApprovalRow
 from bot.tools import parse_arguments
 from bot.turn.conversation import Conversation
 from bot.turn.runner import Runner
 
 _PRESS = {Verdict.APPROVE: t.Press.APPROVE, Verdict.DENY: t.Press.DENY,
-          Verdict.ALWAYS: t.Press.ALWAYS}
+          Verdict.ALWAYS: t.Press.ALWAYS, Verdict.SESSION: t.Press.SESSION}
 
 
 class Approvals:
@@ -35,7 +36,7 @@ class Approvals:
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def may_decide(self, key: ConvKey, approval: ApprovalRow, user: User) -> bool:
-        return user.id == approval.requester or self.access.is_approver(key.platform, user.id)
+        return may(self.access, user, Action.DECIDE, key, approval.requester)
 
     async def check(self, item: Decision) -> str | None:
         """Why this press cannot count (a private answer to the presser), or None."""
@@ -75,8 +76,8 @@ class Approvals:
         else:
             press = _PRESS[item.verdict]
             step = t.human_decision(state, limits, approval.id, press, item.user,
-                                    self._rule_key(state, approval) if press is
-                                    t.Press.ALWAYS else None)
+                                    self._rule_key(state, approval) if press in
+                                    (t.Press.ALWAYS, t.Press.SESSION) else None)
         await self.runner.apply(conv, step)
         return conv.turn is not None
 

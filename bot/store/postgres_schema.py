@@ -143,4 +143,16 @@ MIGRATIONS: list[str] = [
         conv_id BIGINT PRIMARY KEY, model TEXT NOT NULL, chosen_by TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL);
     """,
+    # standing rules with a scope: one conversation's session (NULL: every session), one
+    # person (empty: everyone), who made it and until when (NULL: until revoked); no longer
+    # unique (people may each hold the same rule)
+    """
+    ALTER TABLE rules DROP CONSTRAINT IF EXISTS rules_conv_id_tool_key_key;
+    ALTER TABLE rules ADD COLUMN session INTEGER;
+    ALTER TABLE rules ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE rules ADD COLUMN author TEXT NOT NULL DEFAULT '';
+    ALTER TABLE rules ADD COLUMN author_name TEXT NOT NULL DEFAULT '';
+    ALTER TABLE rules ADD COLUMN expires_at DOUBLE PRECISION;
+    CREATE INDEX rules_by_call ON rules (conv_id, tool, key);
+    """,
 ]

@@ -17,19 +17,34 @@ def _job(r: Row) -> JobRow:
 class PostgresStanding(PostgresLedger):
     # -- rules ------------------------------------------------------------------------
 
-    async def add_rule(self, conv_id: int, tool: str, key: str) -> None:
+    async def add_rule(self, conv_id: int, tool: str, key: str, *, author: str = "",
+                       author_name: str = "", session: int | None = None, user: str = "",
+                       expires_at: float | None = None) -> None:
         await self._count(
-            "INSERT INTO rules (id, conv_id, tool, key, created_at) VALUES (%s,%s,%s,%s,%s)"
-            " ON CONFLICT DO NOTHING", (new_id(), conv_id, tool, key, time.time()))
+            "WITH gone AS (DELETE FROM rules WHERE conv_id=%s AND tool=%s AND key=%s AND"
+            " user_id=%s AND session IS NOT DISTINCT FROM %s::integer)"
+            " INSERT INTO rules (id, conv_id, tool, key, created_at, session, user_id, author,"
+            " author_name, expires_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (conv_id, tool, key, user, session, new_id(), conv_id, tool, key, time.time(),
+             session, user, author, author_name, expires_at))
 
-    async def has_rule(self, conv_id: int, tool: str, key: str) -> bool:
-        return await self._row("SELECT 1 FROM rules WHERE conv_id=%s AND tool=%s AND key=%s",
-                               (conv_id, tool, key)) is not None
+    async def has_rule(self, conv_id: int, tool: str, key: str, *, session: int = 0,
+                       user: str = "", now: float | None = None) -> bool:
+        return await self._row(
+            "SELECT 1 FROM rules WHERE conv_id=%s AND tool=%s AND key=%s AND (session IS NULL"
+            " OR session=%s) AND (user_id='' OR user_id=%s) AND (expires_at IS NULL OR"
+            " expires_at>%s)",
+            (conv_id, tool, key, session, user, time.time() if now is None else now)
+        ) is not None
 
-    async def rules(self, conv_id: int) -> list[RuleRow]:
+    async def rules(self, conv_id: int, *, session: int | None = None,
+                    now: float | None = None) -> list[RuleRow]:
         return [RuleRow(*r) for r in await self._rows(
-            "SELECT id, conv_id, tool, key FROM rules WHERE conv_id=%s"
-            " ORDER BY created_at, seq", (conv_id,))]
+            "SELECT id, conv_id, tool, key, created_at, session, user_id, author, expires_at,"
+            " author_name"
+            " FROM rules WHERE conv_id=%s AND (session IS NULL OR session=%s::integer) AND"
+            " (expires_at IS NULL OR expires_at>%s) ORDER BY created_at, seq",
+            (conv_id, session, time.time() if now is None else now))]
 
     async def delete_rule(self, conv_id: int, rule_id: str) -> bool:
         return await self._count("DELETE FROM rules WHERE conv_id=%s AND id=%s",

@@ -175,4 +175,19 @@ MIGRATIONS: list[str] = [
         conv_id INTEGER PRIMARY KEY, model TEXT NOT NULL, chosen_by TEXT NOT NULL,
         at REAL NOT NULL);
     """,
+    # standing rules with a scope: one conversation's session (NULL: every session), one
+    # person (empty: everyone), who made it and until when (NULL: until revoked); the
+    # table is rebuilt without its uniqueness (people may each hold the same rule)
+    """
+    CREATE TABLE rules_scoped (
+        id TEXT PRIMARY KEY, conv_id INTEGER NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
+        created_at REAL NOT NULL, session INTEGER, user_id TEXT NOT NULL DEFAULT '',
+        author TEXT NOT NULL DEFAULT '', author_name TEXT NOT NULL DEFAULT '',
+        expires_at REAL);
+    INSERT INTO rules_scoped (id, conv_id, tool, key, created_at)
+        SELECT id, conv_id, tool, key, created_at FROM rules;
+    DROP TABLE rules;
+    ALTER TABLE rules_scoped RENAME TO rules;
+    CREATE INDEX rules_by_call ON rules (conv_id, tool, key);
+    """,
 ]

@@ -15,20 +15,35 @@ from bot.store.sqlite_ledger import SQLiteLedger
 class SQLiteStanding(SQLiteLedger):
     # -- rules ------------------------------------------------------------------------
 
-    async def add_rule(self, conv_id: int, tool: str, key: str) -> None:
-        await self._run(lambda db: db.execute(
-            "INSERT OR IGNORE INTO rules (id, conv_id, tool, key, created_at) VALUES (?,?,?,?,?)",
-            (new_id(), conv_id, tool, key, time.time())))
+    async def add_rule(self, conv_id: int, tool: str, key: str, *, author: str = "",
+                       author_name: str = "", session: int | None = None, user: str = "",
+                       expires_at: float | None = None) -> None:
+        def add(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM rules WHERE conv_id=? AND tool=? AND key=? AND user_id=?"
+                       " AND session IS ?", (conv_id, tool, key, user, session))
+            db.execute("INSERT INTO rules (id, conv_id, tool, key, created_at, session, user_id,"
+                       " author, author_name, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (new_id(), conv_id, tool, key, time.time(), session, user, author,
+                        author_name, expires_at))
 
-    async def has_rule(self, conv_id: int, tool: str, key: str) -> bool:
+        await self._run(add)
+
+    async def has_rule(self, conv_id: int, tool: str, key: str, *, session: int = 0,
+                       user: str = "", now: float | None = None) -> bool:
         return await self._run(lambda db: db.execute(
-            "SELECT 1 FROM rules WHERE conv_id=? AND tool=? AND key=?",
-            (conv_id, tool, key)).fetchone() is not None)
+            "SELECT 1 FROM rules WHERE conv_id=? AND tool=? AND key=? AND (session IS NULL OR"
+            " session=?) AND (user_id='' OR user_id=?) AND (expires_at IS NULL OR expires_at>?)",
+            (conv_id, tool, key, session, user, time.time() if now is None else now)
+        ).fetchone() is not None)
 
-    async def rules(self, conv_id: int) -> list[RuleRow]:
+    async def rules(self, conv_id: int, *, session: int | None = None,
+                    now: float | None = None) -> list[RuleRow]:
         return await self._run(lambda db: [RuleRow(*r) for r in db.execute(
-            "SELECT id, conv_id, tool, key FROM rules WHERE conv_id=? ORDER BY created_at",
-            (conv_id,))])
+            "SELECT id, conv_id, tool, key, created_at, session, user_id, author, expires_at,"
+            " author_name"
+            " FROM rules WHERE conv_id=? AND (session IS NULL OR session=?) AND"
+            " (expires_at IS NULL OR expires_at>?) ORDER BY created_at, rowid",
+            (conv_id, session, time.time() if now is None else now))])
 
     async def delete_rule(self, conv_id: int, rule_id: str) -> bool:
         return await self._run(lambda db: db.execute(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from pathlib import Path
+from typing import Any
 
 from bot import turn as t
 from bot.core.config import Config
@@ -22,17 +23,20 @@ from bot.core.events import ConvKey
 from bot.core.history import Msg, Outcome, ToolCall
 from bot.media import foreign
 from bot.store import Store, new_id
-from bot.tools import Registry, parse_arguments, sandbox
-from bot.turn import taint
+from bot.tools import Registry, Tool, parse_arguments, sandbox
+from bot.turn import rules, taint
 
 
 async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
                   call: ToolCall, *, unattended: bool, window: list[Msg] | None = None,
                   turn: int = 0, unread: Container[str] = frozenset(),
-                  conv: ConvKey | None = None) -> t.Verdict:
+                  conv: ConvKey | None = None, user: str = "",
+                  session: int = 0) -> t.Verdict:
     """`window` is what the model sees (for the taint rule), `turn` the current one,
     `unread` the calls that finished without running, and `conv` the conversation (whose
-    own folders of uploads a file tool may read without asking)."""
+    own folders of uploads a file tool may read without asking); `user` is whose turn it
+    is and `session` the conversation's (for rules limited to some people, or to one
+    session)."""
     tool = tools.get(call.name)
     if tool is None:
         return t.Refuse(Outcome.ERROR, f"error: there is no tool named `{call.name}`; "
@@ -42,13 +46,13 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
     except ToolError as exc:
         return t.Refuse(Outcome.ERROR, f"error: {exc}")
     approvals = config.approvals
-    policy = approvals.tools.get(call.name, tool.policy)
-    if policy == "deny":
-        return t.Refuse(Outcome.DENIED,
-                        f"denied: the `{call.name}` tool is disabled by Tandem's policy")
+    policy = _policy(config, tool, args, user)
+    if isinstance(policy, t.Refuse):
+        return policy
     # `sandboxed`: allow in the shell's sandbox without the network, ask otherwise
     policy = sandbox.policy(policy, tool.name, config.tools.shell, args)
-    if await store.has_rule(conv_id, call.name, tool.rule_key(args)):
+    if await store.has_rule(conv_id, call.name, tool.rule_key(args), session=session,
+                            user=user):
         return t.Allow()  # a human allowed this exact call here for good
     workspace = Path(config.workspace.dir)
     raw = args.get(tool.reads) if tool.reads else None
@@ -74,3 +78,22 @@ async def verdict(config: Config, tools: Registry, store: Store, conv_id: int,
         return t.Refuse(Outcome.DENIED, "denied: this is a scheduled run and nobody is there "
                         f"to approve `{call.name}`; tell the user what you would have run")
     return t.AskHuman(tool.summary(args), new_id(), approvals.expire_after_s)
+
+
+def _policy(config: Config, tool: Tool, args: dict[str, Any], user: str) -> str | t.Refuse:
+    """The tool's policy (config over its default), unless a rule on these arguments
+    (`approvals.rules`, then for the shell the read-only defaults: `bot.turn.rules`)
+    speaks over it; a deny of either is a refusal."""
+    approvals = config.approvals
+    policy = approvals.tools.get(tool.name, tool.policy)
+    if policy == "deny":
+        return t.Refuse(Outcome.DENIED,
+                        f"denied: the `{tool.name}` tool is disabled by Tandem's policy")
+    workspace = Path(config.workspace.dir)
+    default = (rules.read_only_inside(workspace, rules.protected(config))
+               if approvals.default_rules and tool.name == rules.SHELL else None)
+    ruled = rules.evaluate(approvals.rules, tool, args, user, workspace, default)
+    if ruled == "deny":
+        return t.Refuse(Outcome.DENIED, f"denied: Tandem's rules do not allow this "
+                        f"`{tool.name}` call; do not retry it")
+    return ruled or policy

@@ -22,15 +22,17 @@ from __future__ import annotations
 import fnmatch
 import glob
 import re
+import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bot.core.approvals_config import REGEX_PREFIX, ApprovalRule, RuleVerdict
+from bot.core.approvals_config import REGEX_PREFIX, ApprovalRule, ApprovalsConfig, RuleVerdict
 from bot.core.config import Config
 from bot.tools import Tool
 from bot.turn.shell_parse import Part, parse
+from bot.turn.state import AddRule
 
 SHELL = "shell"
 PATH_KEY = "path"
@@ -104,6 +106,19 @@ def evaluate(rules: Sequence[ApprovalRule], tool: Tool, args: dict[str, Any], us
                               or (default is not None and default(p)) for p in subj.parts):
         return "allow"
     return None
+
+
+def scope(approvals: ApprovalsConfig, rule: AddRule, requester: str,
+          session: int) -> dict[str, Any]:
+    """How a human's "this conversation" or "always" is stored: who made it, for whom
+    (`always_scope: user`: the person whose turn asked), for which session and until
+    when (`always_for`)."""
+    lasts = approvals.always_for_s
+    return {"author": rule.by.id if rule.by else "",
+            "author_name": rule.by.name if rule.by else "",
+            "user": requester if approvals.always_scope == "user" else "",
+            "session": session if rule.session else None,
+            "expires_at": time.time() + lasts if lasts and not rule.session else None}
 
 
 # -- the read-only defaults ------------------------------------------------------------

@@ -172,6 +172,8 @@ class AddRule:
     tool: str
     key: str
     by: User | None = None
+    session: bool = False
+    """For this session of the conversation only (else "always", as configured)."""
 
 
 @dataclass(frozen=True, slots=True)

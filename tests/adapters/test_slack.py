@@ -269,7 +269,7 @@ async def test_a_press_from_another_workspace_changes_nothing(rig: Rig, model: F
     await rig.send("interactive", member_elsewhere)
     await rig.settle()
     assert not (tmp_path / "workspace" / "x.txt").exists()
-    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_session", "tandem_always"]
     assert rig.fake.ephemerals == [] and len(model.requests) == 1
     await rig.press("D1", "U1", card.ts, "tandem_approve")
     await rig.wait_text("D1", "Done.")
@@ -478,7 +478,7 @@ async def test_approve_deny_and_always(rig: Rig, model: FakeModelServer, tmp_pat
     assert "🔐 Tandem wants to run `shell`" in block_text(card.blocks)
     assert "```\necho yes &gt; a.txt\n```" in block_text(card.blocks)
     assert "Requested by <@U1> · expires in 30 min" in str(card.blocks)
-    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_session", "tandem_always"]
     assert not (workspace / "a.txt").exists()
     await rig.wait_text("D1", "⏸ Waiting for approval")
     await rig.press("D1", "U1", card.ts, "tandem_approve")
@@ -531,7 +531,7 @@ async def test_someone_elses_press_changes_nothing(rig: Rig, model: FakeModelSer
     assert "not yours" in rig.fake.ephemerals_for("U2")[0]["text"]
     assert "U9" in rig.fake.ephemerals_for("U9")[0]["text"]
     assert not (tmp_path / "workspace" / "x.txt").exists()
-    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_always"]
+    assert buttons(card) == ["tandem_approve", "tandem_deny", "tandem_session", "tandem_always"]
     assert len(model.requests) == 1
     await rig.press("C1", "U1", card.ts, "tandem_approve")
     await rig.wait_text("C1", "Done.", thread=root["ts"])

@@ -211,9 +211,10 @@ def test_the_approval_card() -> None:
         "Requested by <@U1> · expires in 30 min"
     elements = card.buttons[0]["elements"]
     assert [e["action_id"] for e in elements] == ["tandem_approve", "tandem_deny",
-                                                 "tandem_always"]
+                                                 "tandem_session", "tandem_always"]
     assert [unpack(e["value"]) for e in elements] == [
-        ApprovalButton("abc123", v) for v in (Verdict.APPROVE, Verdict.DENY, Verdict.ALWAYS)]
+        ApprovalButton("abc123", v)
+        for v in (Verdict.APPROVE, Verdict.DENY, Verdict.SESSION, Verdict.ALWAYS)]
     assert "scheduled" not in card.text
 
 
