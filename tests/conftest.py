@@ -7,25 +7,83 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis.core
 import litellm  # noqa: F401  (imported once up front: the first import takes seconds)
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from bot.core.config import Config
 from bot.core.events import ApprovalRequested, ConvKey, Event, TurnEnded, User, UserMessage
 from bot.run.app import build
 from bot.serve.hub import Hub
+from tests.fakes import slack_blocks, telegram_spec
 from tests.fakes.model_server import FakeModelServer
 
 # CI draws the same examples on every run (a failure there is reproducible, never a fluke);
-# local runs draw fresh ones, and what they find goes into the tests as @example.
+# local runs draw fresh ones, and what they find goes into the tests as @example. The deep
+# profile explores: a random seed (printed, so a find can be replayed with
+# --hypothesis-seed) and DEEP_FACTOR times each test's examples.
+DEEP_FACTOR = 20
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("TANDEM_HYPOTHESIS") == "ci":
-    settings.load_profile("ci")
+settings.register_profile("deep", derandomize=False, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+PROFILE = os.environ.get("TANDEM_HYPOTHESIS", "")
+if PROFILE in ("ci", "deep"):
+    settings.load_profile(PROFILE)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The deep profile's one seed for the run: --hypothesis-seed, else TANDEM_HYPOTHESIS_SEED
+    (how xdist workers get the controller's), else a fresh random one."""
+    if PROFILE != "deep":
+        return
+    given = config.getoption("hypothesis_seed", None) or os.environ.get("TANDEM_HYPOTHESIS_SEED")
+    seed = int(given) if given else random.SystemRandom().randrange(2**32)
+    os.environ["TANDEM_HYPOTHESIS_SEED"] = str(seed)
+    hypothesis.core.global_force_seed = seed  # what --hypothesis-seed sets
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if PROFILE == "deep":
+        seed = os.environ["TANDEM_HYPOTHESIS_SEED"]
+        terminalreporter.write_line(
+            f"hypothesis deep profile: {DEEP_FACTOR}x each test's examples, seed {seed} "
+            f"(replay: TANDEM_HYPOTHESIS=deep pytest --hypothesis-seed={seed})")
+
+
+@pytest.fixture(autouse=True)
+def _deep_examples(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under the deep profile, each property test draws DEEP_FACTOR times its examples."""
+    test = getattr(request.node, "obj", None)
+    test = getattr(test, "__func__", test)
+    own = getattr(test, "_hypothesis_internal_use_settings", None)
+    if PROFILE != "deep" or own is None or not hasattr(test, "hypothesis"):
+        yield
+        return
+    test._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
+        own, max_examples=own.max_examples * DEEP_FACTOR)
+    try:
+        yield
+    finally:
+        test._hypothesis_internal_use_settings = own  # type: ignore[union-attr]
+
+
+@pytest.fixture(autouse=True)
+def _no_call_the_services_would_refuse(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A call the real Telegram or Slack would refuse for its shape (the fakes check the Bot
+    API spec and Block Kit) fails the test that made it, unless it is marked
+    ``refused_calls`` (the fakes' own tests of those refusals)."""
+    telegram_spec.REFUSALS.clear()
+    slack_blocks.REFUSALS.clear()
+    yield
+    if request.node.get_closest_marker("refused_calls") is None:
+        refused = telegram_spec.REFUSALS + slack_blocks.REFUSALS
+        assert not refused, f"calls the real service would refuse: {refused}"
 
 REPO = Path(__file__).resolve().parent.parent
 PERSONA = REPO / "persona"

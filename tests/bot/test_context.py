@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, find, given, settings
 from hypothesis import strategies as st
 
 from bot.core.errors import ContextOverflowError
@@ -125,7 +127,7 @@ def histories(draw: st.DrawFn) -> list[Msg]:
                 n += 1
                 ids.append(draw(st.sampled_from([f"c{n}", "call_0", f"c{n}"])))
             msgs.append(asst(turn, *ids, text=draw(st.sampled_from(["", "t"]))))
-            results = [res(turn, i) for i in ids if draw(st.booleans()) or True]
+            results = [res(turn, i) for i in ids if draw(st.booleans())]
             if draw(st.booleans()):
                 results = draw(st.permutations(results))
             msgs.extend(results[: draw(st.integers(0, len(results)))])
@@ -140,11 +142,34 @@ def histories(draw: st.DrawFn) -> list[Msg]:
         damaged.insert(draw(st.integers(0, len(damaged))), damaged[i])
     if draw(st.booleans()):
         damaged.insert(draw(st.integers(0, len(damaged))), res(1, "ghost"))
+    early = [i for i, m in enumerate(damaged) if m.role == "tool" and call_at(damaged, m) < i]
+    if early and draw(st.booleans()):  # a result stored before its own call
+        result = damaged.pop(draw(st.sampled_from(early)))
+        at = call_at(damaged, result)
+        damaged.insert(draw(st.integers(max(0, at - 2), at)), result)
     return damaged
+
+
+def call_at(history: list[Msg], result: Msg) -> int:
+    """Where the call a result answers is (len(history) when nowhere)."""
+    return next((i for i, m in enumerate(history)
+                 if any(c.id == result.tool_call_id for c in m.tool_calls)), len(history))
+
+
+def result_before_its_call(history: list[Msg]) -> bool:
+    return any(m.role == "tool" and i < call_at(history, m) < len(history)
+               for i, m in enumerate(history))
+
+
+def test_the_history_generator_reaches_a_result_before_its_own_call() -> None:
+    found = find(histories(), result_before_its_call, settings=settings(database=None))
+    assert result_before_its_call(found)
 
 
 @settings(max_examples=400, deadline=None)
 @given(histories())
+@example([u(1), res(1, "a"), asst(1, "a"), Msg("assistant", "done", 1)])
+@example([u(1), asst(1, "a", "b"), res(1, "b"), res(1, "a")])
 def test_sanitized_history_passes_openai_and_anthropic_rules(history: list[Msg]) -> None:
     out = sanitize(history)
     assert openai_violations(out) == []
@@ -248,3 +273,85 @@ def unique_ids(history: list[Msg]) -> list[Msg]:
         out.append(Msg(m.role, m.content, m.turn, tuple(calls), m.tool_call_id, m.name)
                    if m.tool_calls else m)
     return out
+
+
+# -- a turn that outgrows the budget in its middle ---------------------------------------
+
+
+@st.composite
+def growing_turns(draw: st.DrawFn) -> tuple[list[Msg], list[list[Msg]], int]:
+    """Finished turns and the current turn's user message; the turn's steps (calls with
+    their results, then the answer); and a budget the whole turn outgrows, often in its
+    middle (the window fits it when the turn starts)."""
+    history: list[Msg] = []
+    turns = draw(st.integers(1, 5))
+    for t in range(1, turns + 1):
+        history += [u(t, "x" * draw(st.integers(1, 800))),
+                    Msg("assistant", "y" * draw(st.integers(1, 800)), t)]
+    turn = turns + 1
+    history.append(u(turn, "go"))
+    steps: list[list[Msg]] = []
+    n = 0
+    for _ in range(draw(st.integers(1, 4))):
+        ids = [f"g{n + k}" for k in range(draw(st.integers(1, 3)))]
+        n += len(ids)
+        steps.append([asst(turn, *ids)] + [
+            Msg("tool", "o" * draw(st.integers(1, 3000)), turn, tool_call_id=i, name="shell")
+            for i in ids])
+    steps.append([Msg("assistant", "done", turn)])
+    at_start = sum(m.tokens for m in history)
+    total = at_start + sum(m.tokens for step in steps for m in step)
+    budget = draw(st.integers(history[-1].tokens, total - 1))
+    return history, steps, budget
+
+
+def load(history: list[Msg]) -> Any:
+    from bot.core.events import ConvKey
+    from bot.store import ConvRow
+    from bot.turn.conversation import Conversation
+
+    return Conversation.load(ConvRow(1, ConvKey("t", "1"), 1), history)
+
+
+def outgrows_mid_turn(case: tuple[list[Msg], list[list[Msg]], int]) -> bool:
+    history, steps, budget = case
+    conv = load(history)
+    conv.trim_to(budget)
+    if conv.kept > budget:
+        return False
+    for step in steps[:-1]:
+        for m in step:
+            conv.append(m)
+        if conv.kept > budget:
+            return True
+    return False
+
+
+def test_the_turn_generator_reaches_a_turn_that_outgrows_the_budget_mid_turn() -> None:
+    found = find(growing_turns(), outgrows_mid_turn, settings=settings(database=None))
+    assert outgrows_mid_turn(found)
+
+
+@settings(max_examples=300, deadline=None)
+@given(growing_turns())
+def test_a_turn_trimmed_once_sends_requests_that_extend_each_other(
+        case: tuple[list[Msg], list[list[Msg]], int]) -> None:
+    history, steps, budget = case
+    conv = load(history)
+    conv.trim_to(budget)  # the turn's one trim, before its first request
+    current = conv.starts[-1]
+    assert conv.cut <= current  # never into the current turn
+    requests = [conv.wire_window()]
+    for step in steps:
+        for m in step:
+            conv.append(m)
+        requests.append(conv.wire_window())
+    for before, after in zip(requests, requests[1:], strict=False):
+        assert after[: len(before)] == before  # one prefix, grown (what a cache reuses)
+    assert anthropic_violations(from_wire(requests[-1])) == []
+    # a trim in the middle of the turn (which the runner does only when the provider
+    # refuses a request as too long) keeps the current turn whole too
+    kept_turn = [m.wire() for m in conv.history[current:]]
+    conv.trim_to(budget)
+    assert conv.cut <= current
+    assert conv.wire_window()[-len(kept_turn):] == kept_turn

@@ -28,6 +28,17 @@ TEXT_TYPES = frozenset({"plain_text", "mrkdwn"})
 MAX_TEXT_OBJECT = 3_000
 
 
+REFUSALS: list[str] = []
+"""Every refused blocks payload's errors in this process (the test suite fails a test
+that sent one, unless it is marked ``refused_calls``)."""
+
+
+def recorded(errors: list[str]) -> list[str]:
+    """``errors``, kept in :data:`REFUSALS` when there are any."""
+    REFUSALS.extend(errors)
+    return errors
+
+
 def model_errors(blocks: list[Any]) -> list[str]:
     """What Slack would say about these blocks (empty when they are valid)."""
     errors: list[str] = []

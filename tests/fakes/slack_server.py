@@ -1979,6 +1979,10 @@ def _validate_content(params: JSON) -> None:
 
 
 def _block_errors(blocks: object) -> list[str]:
+    return slack_blocks.recorded(_errors_of_blocks(blocks))
+
+
+def _errors_of_blocks(blocks: object) -> list[str]:
     if not isinstance(blocks, list):
         return ["must be an array [json-pointer:/blocks]"]
     if len(blocks) > MAX_BLOCKS:

@@ -103,8 +103,21 @@ def visible_range(owner: str, name: str) -> tuple[int, int]:
     return low, high
 
 
+REFUSALS: list[str] = []
+"""Every call refused by the spec in this process, as ``method: description`` (the test
+suite fails a test that made one, unless it is marked ``refused_calls``)."""
+
+
 def check_call(method: str, params: JSONDict) -> JSONDict:
     """The parameters decoded by the spec's types; :class:`SpecError` if refused."""
+    try:
+        return _checked(method, params)
+    except SpecError as exc:
+        REFUSALS.append(f"{method}: {exc.description}")
+        raise
+
+
+def _checked(method: str, params: JSONDict) -> JSONDict:
     known = fields_of(method)
     for key in params:
         if key not in known:

@@ -156,6 +156,7 @@ async def test_workspaces_are_chosen_per_payload(fake: FakeSlackServer) -> None:
     assert "team_id" not in (await web_client(fake).auth_test()).data
 
 
+@pytest.mark.refused_calls
 async def test_block_limits(fake: FakeSlackServer) -> None:
     client = web_client(fake)
     section = {"type": "section", "text": {"type": "mrkdwn", "text": "a" * 3001}}
@@ -662,6 +663,7 @@ async def test_chat_stream_helper_end_to_end(fake: FakeSlackServer) -> None:
     assert fake.bot_texts("C1", root) == ["rewritten"] and msg.edits == ["rewritten"]
 
 
+@pytest.mark.refused_calls
 async def test_stream_recipients_and_content_rules(fake: FakeSlackServer) -> None:
     fake.rate_limit = False
     client = web_client(fake)
@@ -900,6 +902,7 @@ def button_element(action_id: str, label: str = "b", **extra: Any) -> dict[str, 
             "text": text_object(label, "plain_text"), **extra}
 
 
+@pytest.mark.refused_calls
 async def test_blocks_are_read_by_the_sdk_models(fake: FakeSlackServer) -> None:
     assert await refused_blocks(fake, [{"type": "sparkle", "text": "x"}]) == [
         "unsupported type: 'sparkle' [json-pointer:/blocks/0/type]"
@@ -943,6 +946,7 @@ async def test_blocks_are_read_by_the_sdk_models(fake: FakeSlackServer) -> None:
     assert len(fake.bot_messages("C1")) == 1
 
 
+@pytest.mark.refused_calls
 async def test_text_objects_and_ids_keep_the_documented_limits(fake: FakeSlackServer) -> None:
     empty = {"type": "section", "text": text_object("")}
     assert "must be between 1 and 3000 characters [json-pointer:/blocks/0/text/text]" in (
@@ -971,6 +975,7 @@ async def test_text_objects_and_ids_keep_the_documented_limits(fake: FakeSlackSe
     assert len(fake.bot_messages("C1")) == 3
 
 
+@pytest.mark.refused_calls
 async def test_every_method_with_blocks_checks_them(fake: FakeSlackServer) -> None:
     client = web_client(fake)
     ts = (await client.chat_postMessage(channel="C1", text="t"))["ts"]

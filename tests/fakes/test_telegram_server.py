@@ -449,6 +449,7 @@ async def test_edit_not_modified_and_missing(tg: FakeTelegram) -> None:
     assert tg.bot_texts(CHAT) == []
 
 
+@pytest.mark.refused_calls
 async def test_callback_data_limits(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     async with make_bot(tg) as bot:
@@ -980,6 +981,7 @@ def closed_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
 
 
+@pytest.mark.refused_calls
 async def test_set_get_delete_webhook(tg: FakeTelegram) -> None:
     tg.webhook_targets = []  # hold deliveries: the URL is not reachable
     async with make_bot(tg) as bot:
@@ -1178,6 +1180,7 @@ async def test_the_vendored_spec_is_bot_api_10_1_with_its_licence() -> None:
     ]
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_unknown_methods_and_parameters(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     assert await call_raw(tg, "sendMesage", chat_id=CHAT, text="hi") == (404, "Not Found")
@@ -1198,6 +1201,7 @@ async def test_spec_refuses_unknown_methods_and_parameters(tg: FakeTelegram) -> 
     assert tg.bot_texts(CHAT) == ["hi"]
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_missing_required_parameters(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     assert await call_raw(tg, "sendMessage", text="hi") == (400, "Bad Request: chat_id is empty")
@@ -1217,6 +1221,7 @@ async def test_spec_refuses_missing_required_parameters(tg: FakeTelegram) -> Non
     assert tg.bot_texts(CHAT) == []
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_wrong_types(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     [sent] = [await call_raw(tg, "sendMessage", chat_id=CHAT, text="x")]
@@ -1253,6 +1258,7 @@ async def test_spec_refuses_wrong_types(tg: FakeTelegram) -> None:
     assert tg.bot_texts(CHAT) == ["x", "y"]
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_text_and_caption_lengths_after_entity_parsing(
     tg: FakeTelegram,
 ) -> None:
@@ -1283,6 +1289,7 @@ async def test_spec_refuses_text_and_caption_lengths_after_entity_parsing(
     assert len(tg.uploads(CHAT)) == 1
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_string_value_and_array_ranges(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     ok = await call_raw(tg, "sendMessage", chat_id=CHAT, text="x",
@@ -1323,6 +1330,7 @@ async def test_spec_refuses_string_value_and_array_ranges(tg: FakeTelegram) -> N
     assert tg.bot_texts(CHAT) == ["x"]
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_answer_text_over_200_characters(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     async with make_bot(tg) as bot:
@@ -1335,6 +1343,7 @@ async def test_spec_refuses_answer_text_over_200_characters(tg: FakeTelegram) ->
     assert tg.callback_answers[query]["text"] == "t" * 200
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_button_shapes(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     text_only = (
@@ -1370,6 +1379,7 @@ async def test_spec_refuses_button_shapes(tg: FakeTelegram) -> None:
     assert tg.bot_texts(CHAT) == ["x", "y"]
 
 
+@pytest.mark.refused_calls
 async def test_spec_refuses_subtypes_the_spec_does_not_have(tg: FakeTelegram) -> None:
     tg.add_chat(CHAT)
     async with make_bot(tg) as bot:
