@@ -17,7 +17,8 @@ time no other chat, webhook or heartbeat could have been served.
 2. Request build: `Prompt.build` of chat A with every picture in it, timed alone on the
    event loop: the first build after a restart (nothing cached in memory, the kept
    scaled results read from disk) and the median of the warm ones; the longest loop
-   stall over the text turns, each of which builds a request with every picture.
+   stall over the text turns, each of which builds a request with every picture, and,
+   for the machine's own noise, over as many turns of a chat C that holds no picture.
 3. Peak RSS of preparing one picture at the limit, in a fresh process (the high-water
    mark reset through /proc/self/clear_refs first).
 """
@@ -228,6 +229,12 @@ async def _run(api_base: str, pictures: int, rounds: int) -> dict[str, Any]:
                 await hub.submit(UserMessage(key, ann, f"and now? {r}"))
                 await sink.wait(pictures + 2 + r)
             turn_stall = await probe.stop()
+            probe.start()  # the same turns in a chat with no picture: the machine's floor
+            plain = ConvKey("console", "C")
+            for r in range(rounds):
+                await hub.submit(UserMessage(plain, ann, f"and now? {r}"))
+                await sink.wait(pictures + 2 + rounds + r)
+            plain_stall = await probe.stop()
             url_bytes = sum(len(images.data_url(Path(m.file))) for msg in conv.history
                             for m in msg.media if m.seen)
         finally:
@@ -237,7 +244,8 @@ async def _run(api_base: str, pictures: int, rounds: int) -> dict[str, Any]:
             "image_parts_per_request": parts, "receive_ms_p50": statistics.median(received),
             "receive_ms_max": max(received), "receive_loop_stall_ms": receive_stall,
             "build_cold_ms": cold, "build_warm_ms_p50": statistics.median(warm),
-            "turns_loop_stall_ms": turn_stall, "request_picture_bytes": url_bytes,
+            "turns_loop_stall_ms": turn_stall, "plain_turns_loop_stall_ms": plain_stall,
+            "request_picture_bytes": url_bytes, "load_average": os.getloadavg()[0],
             "peak_rss_mb": peak_rss()}
 
 
@@ -290,7 +298,9 @@ def main() -> None:
     print(f"request build with every picture: {found['build_cold_ms']:.1f} ms after a "
           f"restart, {found['build_warm_ms_p50']:.1f} ms warm (p50)")
     print(f"longest loop stall for chat B over {args.rounds} turns of chat A: "
-          f"{found['turns_loop_stall_ms']:.1f} ms (target <= 50 ms)")
+          f"{found['turns_loop_stall_ms']:.1f} ms (target <= 50 ms); over as many turns of "
+          f"a chat with no picture: {found['plain_turns_loop_stall_ms']:.1f} ms "
+          f"(load average {found['load_average']:.1f})")
     print(f"peak RSS of preparing one picture at the limit: +{found['peak_rss_mb']:.1f} MB "
           f"(target ~70 MB)")
     if args.json:
