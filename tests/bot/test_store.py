@@ -624,6 +624,33 @@ async def test_rules(store: Store) -> None:
     assert [r.key for r in await store.rules(conv.id)] == ["notes.md"]
 
 
+async def test_rules_with_a_scope(store: Store) -> None:
+    """A rule for one session, for one person, with an expiry; each records its author."""
+    conv = await store.conversation(KEY)
+    now = time.time()
+    await store.add_rule(conv.id, "shell", "make", author="42", author_name="Ann", session=1)
+    await store.add_rule(conv.id, "shell", "deploy", author="42", user="42",
+                         expires_at=now + 3600)
+    await store.add_rule(conv.id, "shell", "deploy", author="43", user="43")  # Bob's own
+    assert await store.has_rule(conv.id, "shell", "make", session=1)
+    assert not await store.has_rule(conv.id, "shell", "make", session=2)  # after /new
+    assert await store.has_rule(conv.id, "shell", "deploy", user="42")
+    assert await store.has_rule(conv.id, "shell", "deploy", user="43")
+    assert not await store.has_rule(conv.id, "shell", "deploy", user="44")
+    assert not await store.has_rule(conv.id, "shell", "deploy", user="42", now=now + 3601)
+    listed = await store.rules(conv.id, session=1)
+    assert [(r.key, r.session, r.user, r.author, r.author_name) for r in listed] == [
+        ("make", 1, "", "42", "Ann"), ("deploy", None, "42", "42", ""),
+        ("deploy", None, "43", "43", "")]
+    assert listed[1].expires_at is not None and abs(listed[1].expires_at - now - 3600) < 1
+    assert [r.key for r in await store.rules(conv.id, session=2)] == ["deploy", "deploy"]
+    assert len(await store.rules(conv.id, session=2, now=now + 3601)) == 1  # Ann's expired
+    # the same scope again replaces the rule: its author and expiry are the new ones
+    await store.add_rule(conv.id, "shell", "deploy", author="44", user="42")
+    mine = [r for r in await store.rules(conv.id, session=1) if r.user == "42"]
+    assert [(r.author, r.expires_at) for r in mine] == [("44", None)]
+
+
 # -- jobs -----------------------------------------------------------------------------
 
 
