@@ -22,6 +22,7 @@ import pytest
 
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.test_cli import env, write_config
+from tests.waiting import eventually
 
 SECRET = "kept-in-the-environment-only-4b7e"
 """Under a secret name (so the shell's own environment never holds it) and of no known
@@ -82,3 +83,35 @@ async def test_an_approved_command_cannot_read_tandems_environment(
     assert not any(SECRET in text for text in decoded), decoded
     assert result.count("Permission denied") == 2, result
     assert SECRET not in out.decode()
+
+
+async def test_the_workers_supervisor_is_hidden_too(tmp_path: Path) -> None:
+    """`tandem run --workers 2` holds the same environment as its workers. Its workers
+    cannot reach the database here and exit; it stays, starting them again."""
+    home = tmp_path / "tandem"
+    home.mkdir()
+    config = home / "config.yaml"
+    config.write_text("store: {url: 'postgresql://127.0.0.1:1/none'}\n")
+    give_away(home)
+    as_user = unprivileged()
+    proc = await asyncio.create_subprocess_exec(
+        *as_user, sys.executable, "-m", "bot", "--config", str(config), "run", "--workers",
+        "2", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**env(), "ACME_API_TOKEN": SECRET, "PYTHONDONTWRITEBYTECODE": "1"}, cwd=home)
+
+    def supervising() -> bool:  # its workers started: it is past its start
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        return bool(children.read_text().split())
+
+    try:
+        await eventually(supervising, 20, what="the supervisor's workers")
+        reader = await asyncio.create_subprocess_exec(
+            *as_user, "cat", f"/proc/{proc.pid}/environ", stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
+        out, err = await reader.communicate()
+        assert SECRET.encode() not in out, "the supervisor's environment was read"
+        assert reader.returncode != 0 and b"Permission denied" in err, err
+        assert proc.returncode is None  # still supervising
+    finally:
+        proc.terminate()
+        await proc.wait()

@@ -15,12 +15,15 @@ import sys
 import time
 from types import FrameType
 
+from bot.run import hidden
+
 log = logging.getLogger("tandem")
 RESTART_AFTER_S = 1.0
 STOP_WAIT_S = 15.0
 
 
 def supervise(count: int, config: str | None, verbose: bool) -> int:
+    hidden.hide()  # it holds the same environment as its workers
     command = [sys.executable, "-m", "bot", *(["--config", config] if config else []),
                *(["-v"] if verbose else []), "run"]
     stopping = False
