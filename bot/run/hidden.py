@@ -3,10 +3,11 @@
 An approved shell command runs as Tandem's user, and a process of the same user may read
 another's `/proc/<pid>/environ` (the environment Tandem was started with: its tokens and
 keys), `mem`, `maps` and file descriptors; base64 would carry the secrets past redaction.
-`hide` marks Tandem not dumpable (`prctl(PR_SET_DUMPABLE, 0)`): those files then need
-`CAP_SYS_PTRACE`, which Tandem's user does not have unless it is root outside a container.
-Its children are dumpable again from their `exec` (nothing of theirs is hidden). Core
-dumps of Tandem are off too, and a debugger can attach only as root.
+`hide` marks Tandem not dumpable (`prctl(PR_SET_DUMPABLE, 0)`): those files then belong
+to root and need `CAP_SYS_PTRACE` besides, so no other user can open them; a Tandem run
+as root is not protected (it should never be). Its children are dumpable again from
+their `exec` (nothing of theirs is hidden). Core dumps of Tandem are off too, and a
+debugger can attach only as root.
 """
 
 from __future__ import annotations
