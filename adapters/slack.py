@@ -169,7 +169,7 @@ class SlackAdapter(EdgeTimings):
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         with self._inflight.tracked():
-            if (edit := slack_inbound.edit_of(event, self.bot_user)) is not None:
+            if (edit := slack_inbound.edit_of(event, self.bot_user, self.slack.groups)):
                 await self.hub.submit(edit)  # the core decides what it changes
             msg = slack_inbound.extract_message(event, self.bot_user)
             if msg is None or self._closed:
@@ -198,7 +198,8 @@ class SlackAdapter(EdgeTimings):
             elif msg.conv.thread_id is not None:
                 remember(self.threads.known, (msg.channel, msg.conv.thread_id))
             who = await self.threads.who(msg.user, msg.team)
-        await self._submit(msg.conv, slack_inbound.inbound_of(msg, who, context), who, dm=msg.dm)
+        item = slack_inbound.inbound_of(msg, who, context, self.slack.groups)
+        await self._submit(item.conv, item, who, dm=msg.dm)
 
     async def _submit(self, conv: ConvKey, item: Inbound, who: User, *,
                       dm: bool | None = None) -> None:

@@ -6,10 +6,11 @@ payload names, and what is odd about a payload's shape."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.slack_files import attachments as shared_files
+from bot.core.chat_config import Groups
 from bot.core.events import (
     Aside,
     Attachment,
@@ -109,7 +110,7 @@ def _shared(attachments: Any, bot_user: str) -> tuple[Quote | None, Quote | None
     return quote, forwarded
 
 
-def edit_of(event: dict[str, Any], bot_user: str) -> Edit | None:
+def edit_of(event: dict[str, Any], bot_user: str, groups: Groups | None = None) -> Edit | None:
     """A `message_changed` or `message_deleted` event of a user's message as the core's
     `Edit`; None for Tandem's own messages, bots, and a change that leaves the text as it
     was (Slack adds a link's preview that way)."""
@@ -129,7 +130,10 @@ def edit_of(event: dict[str, Any], bot_user: str) -> Edit | None:
     mentioned = f"<@{bot_user}>" in raw or f"<@{bot_user}>" in was
     dm = event.get("channel_type") == "im"
     key = thread if dm else (thread or ts) if mentioned or thread else None
-    return Edit(ConvKey(PLATFORM, channel, key), User(user, "", as_str(after.get("team")) or None),
+    member = user if groups is not None and groups.sessions == "per_user" and not dm \
+        and key is not None else None
+    return Edit(ConvKey(PLATFORM, channel, key, member),
+                User(user, "", as_str(after.get("team")) or None),
                 ts, slack_text(raw, bot_user), deleted=subtype == "message_deleted",
                 ref=f"slack:{channel}:{as_str(event.get('ts'))}:edit")
 
@@ -151,21 +155,26 @@ def aside_of(msg: Incoming, who: User) -> Aside:
                  f"slack:{msg.channel}:{msg.ts}")
 
 
-def inbound_of(msg: Incoming, who: User, context: str | None) -> Inbound:
-    """A message as the core's item: a message, a command, or a cancel (`/stop`)."""
+def inbound_of(msg: Incoming, who: User, context: str | None,
+               groups: Groups | None = None) -> Inbound:
+    """A message as the core's item: a message, a command, or a cancel (`/stop`); with
+    `groups.sessions: per_user`, in the sender's own conversation in a channel."""
     ref = f"slack:{msg.channel}:{msg.ts}"
     command = parse_command(msg.text)
+    conv = msg.conv
+    if groups is not None and groups.sessions == "per_user" and not msg.dm:
+        conv = replace(conv, member=who.id)
     if command is None:
         empty = "" if msg.attachments or msg.forwarded else "(a mention without a message)"
-        return UserMessage(msg.conv, who, msg.text or empty, ref=ref,
-                           attachments=msg.attachments, context=context, message_id=msg.ts,
-                           quote=msg.quote, forwarded=msg.forwarded,
-                           around=ConvKey(PLATFORM, msg.channel, msg.thread)
-                           if msg.conv.thread_id == msg.ts else None)
+        around = ConvKey(PLATFORM, msg.channel, msg.thread) if msg.conv.thread_id == msg.ts \
+            else conv.place if conv.member else None
+        return UserMessage(conv, who, msg.text or empty, ref=ref, attachments=msg.attachments,
+                           context=context, message_id=msg.ts, quote=msg.quote,
+                           forwarded=msg.forwarded, around=around)
     name, args = command
     if name in ("stop", "cancel"):
-        return Cancel(msg.conv, who, ref=ref)
-    return Command(msg.conv, who, name, args, ref=ref)
+        return Cancel(conv, who, ref=ref)
+    return Command(conv, who, name, args, ref=ref)
 
 
 @dataclass(frozen=True, slots=True)

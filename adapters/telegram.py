@@ -210,13 +210,13 @@ class TelegramAdapter(EdgeTimings):
         if not isinstance(raw, str | None) or (raw is None and not files):
             return  # not something a real client sends: ignore
         raw, ref = raw or "", f"tg:{update.update_id}"
-        conv, user = conv_of(message), user_of(sender)
+        conv, user = conv_of(message, self.config.telegram.groups, sender), user_of(sender)
         text = render.strip_mention(raw, self.username)
         if message.chat.type != ChatType.PRIVATE and self.config.telegram.groups.require_mention \
                 and not addressed(message, raw, self.username, self.bot_id):
             if self.config.telegram.groups.context:  # kept as context, never answered
                 async with self.edge.lock(conv):
-                    await self.hub.submit(aside_of(message, conv, user, text, ref, self.bot_id))
+                    await self.hub.submit(aside_of(message, user, text, ref, self.bot_id))
             return
         command = render.parse_command(text)
         if command is not None and not for_me(command[2], self.username):
@@ -240,8 +240,8 @@ class TelegramAdapter(EdgeTimings):
 
     async def _on_edit(self, update: Update, _context: ContextTypes.DEFAULT_TYPE) -> None:
         """An edit: the core decides what it changes (`bot.serve.talk`)."""
-        message = update.edited_message
-        item = edit_of(message, self.username, f"tg:{update.update_id}") if message else None
+        item = edit_of(update.edited_message, self.username, f"tg:{update.update_id}",
+                       self.config.telegram.groups)
         if item is not None:
             async with self.edge.lock(item.conv):
                 await self.hub.submit(item)

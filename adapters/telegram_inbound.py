@@ -22,6 +22,7 @@ from telegram.constants import ChatType, MessageEntityType
 
 from adapters import telegram_render as render
 from bot.core.buttons import ApprovalButton, unpack
+from bot.core.chat_config import Groups
 from bot.core.events import (
     Aside,
     Attachment,
@@ -37,12 +38,18 @@ from bot.core.events import (
 PLATFORM = "telegram"
 
 
-def conv_of(message: Message | MaybeInaccessibleMessage) -> ConvKey:
+def conv_of(message: Message | MaybeInaccessibleMessage, groups: Groups | None = None,
+            sender: TgUser | None = None) -> ConvKey:
+    """The chat or forum topic; with `groups.sessions: per_user`, the sender's own
+    conversation there."""
     thread = None
-    if message.chat.type != ChatType.PRIVATE and isinstance(message, Message) \
+    shared = message.chat.type != ChatType.PRIVATE
+    if shared and isinstance(message, Message) \
             and message.is_topic_message and message.message_thread_id:
         thread = str(message.message_thread_id)
-    return ConvKey(PLATFORM, str(message.chat.id), thread)
+    per_user = groups is not None and groups.sessions == "per_user"
+    member = str(sender.id) if per_user and shared and sender is not None else None
+    return ConvKey(PLATFORM, str(message.chat.id), thread, member)
 
 
 def user_of(user: TgUser) -> User:
@@ -149,24 +156,24 @@ def item_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,
         forward, text = Quote(text, forward.author, origin=forward.origin), ""
     return UserMessage(conv, user, text, ref=ref, attachments=files,
                        message_id=str(message.message_id), quote=quote_of(message, bot_id),
-                       forwarded=forward)
+                       forwarded=forward, around=conv.place if conv.member else None)
 
 
-def aside_of(message: Message, conv: ConvKey, user: User, text: str, ref: str,
-             bot_id: int) -> Aside:
-    """Group talk not addressed to Tandem, kept as context."""
+def aside_of(message: Message, user: User, text: str, ref: str, bot_id: int) -> Aside:
+    """Group talk not addressed to Tandem, kept as context (by the group or topic)."""
     forward = forward_of(message)
     if forward is not None:
         text = f"(forwarded from {forward.author.name if forward.author else forward.origin}) " \
                + text
-    return Aside(conv, user, text or "(a file)", str(message.message_id),
+    return Aside(conv_of(message), user, text or "(a file)", str(message.message_id),
                  quote_of(message, bot_id), ref)
 
 
-def edit_of(message: Message, username: str, ref: str) -> Edit | None:
+def edit_of(message: Message | None, username: str, ref: str, groups: Groups) -> Edit | None:
     """An edited message as the core's `Edit` (None without a person or text)."""
-    sender = message.from_user
-    if sender is None or sender.is_bot or not isinstance(sender.id, int):
+    sender = message.from_user if message is not None else None
+    if message is None or sender is None or sender.is_bot or not isinstance(sender.id, int):
         return None
     text = render.strip_mention(_text(message), username)
-    return Edit(conv_of(message), user_of(sender), str(message.message_id), text, ref=ref)
+    return Edit(conv_of(message, groups, sender), user_of(sender), str(message.message_id),
+                text, ref=ref)

@@ -60,6 +60,9 @@ class Groups(Section):
     """Keep the last N messages that were not addressed to Tandem (with their authors),
     and give those since its last answer there to the model when it is next addressed;
     0 keeps none. Telegram shows a bot these only with privacy mode off (BotFather)."""
+    sessions: Literal["shared", "per_user"] = "shared"
+    """`per_user`: each member has their own conversation in a group, topic or thread
+    (their own history, turns and `/new`); `shared`: one conversation for everyone there."""
 
 
 class TelegramGroups(Groups):

@@ -18,10 +18,29 @@ class ConvKey:
     platform: str
     chat_id: str
     thread_id: str | None = None
+    member: str | None = None
+    """With `groups.sessions: per_user`: the member whose own conversation this is, in a
+    group or thread that others share (where it is shown is the rest of the key)."""
 
     def __str__(self) -> str:
         tail = f"/{self.thread_id}" if self.thread_id else ""
-        return f"{self.platform}:{self.chat_id}{tail}"
+        who = f"~{self.member}" if self.member else ""
+        return f"{self.platform}:{self.chat_id}{tail}{who}"
+
+    @property
+    def place(self) -> ConvKey:
+        """The chat, topic or thread itself, whoever's conversation this is there."""
+        return ConvKey(self.platform, self.chat_id, self.thread_id) if self.member else self
+
+    def stored_thread(self) -> str:
+        """The thread and the member as one column of the store."""
+        return (self.thread_id or "") + (f"~{self.member}" if self.member else "")
+
+    @classmethod
+    def stored(cls, platform: str, chat_id: str, thread: str | None) -> ConvKey:
+        """The key `stored_thread` wrote."""
+        thread_id, _, member = (thread or "").partition("~")
+        return cls(platform, chat_id, thread_id or None, member or None)
 
 
 @dataclass(frozen=True, slots=True)

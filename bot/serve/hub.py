@@ -27,7 +27,7 @@ from bot.core.events import (
 )
 from bot.core.watch import Refused
 from bot.media.receive import Receiver
-from bot.serve import permissions
+from bot.serve import members, permissions
 from bot.serve.access import Access
 from bot.serve.intake import Intake, Receipt
 from bot.serve.permissions import Action, may
@@ -54,6 +54,9 @@ class Hub:
         self.worker = Worker(self.runner, self.intake, access, scheduler, lanes)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals
+        self.per_user = any(getattr(getattr(deps.config, p), "groups").sessions == "per_user"
+                            for p in ("telegram", "slack"))
+        """Members have their own conversations in groups: presses name the group."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -89,6 +92,8 @@ class Hub:
             return Receipt(False, "Tandem is shutting down.")
         if isinstance(item, Aside):  # anyone's group talk, kept as context, never answered
             return Receipt(await self.intake.talk.aside(item))
+        if isinstance(item, Decision) and self.per_user:
+            item = await members.owner(self.d.store, item)
         receipt = await self.intake.accept(item)
         if not receipt.accepted and not receipt.duplicate:
             await self._refused(item, "access", receipt.note)
@@ -120,6 +125,8 @@ class Hub:
     async def cancel(self, item: Cancel) -> Receipt:
         """Out of band: the running turn (the button's own) stops at its next checkpoint,
         on whichever worker runs it."""
+        if self.per_user:
+            item = await members.owner(self.d.store, item)
         if (refusal := self.access.check(item)) is not None:
             await self._refused(item, "access", refusal)
             return Receipt(False, refusal)

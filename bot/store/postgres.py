@@ -98,7 +98,7 @@ class PostgresStore(PostgresStanding, PostgresTalk, PostgresChoices):
     # -- conversations ----------------------------------------------------------------
 
     async def conversation(self, key: ConvKey) -> ConvRow:
-        args = (key.platform, key.chat_id, key.thread_id or "")
+        args = (key.platform, key.chat_id, key.stored_thread())
         select = ("SELECT id, session, prompt_tokens, completion_tokens, cost FROM conversations"
                   " WHERE platform=%s AND chat_id=%s AND thread_id=%s")
         async with self._connection() as conn:

@@ -78,8 +78,7 @@ def fail(context: str, exc: BaseException, url: str) -> NoReturn:
 
 
 def conv_key(row: Row, offset: int = 0) -> ConvKey:
-    platform, chat, thread = row[offset], row[offset + 1], row[offset + 2]
-    return ConvKey(platform, chat, thread or None)
+    return ConvKey.stored(row[offset], row[offset + 1], row[offset + 2])
 
 
 async def fetchone(conn: Conn, sql: str, args: Sequence[Any] = ()) -> Row | None:

@@ -97,7 +97,7 @@ class SQLiteStore(SQLiteStanding, SQLiteTalk, SQLiteChoices):
 
     async def conversation(self, key: ConvKey) -> ConvRow:
         def fn(db: sqlite3.Connection) -> ConvRow:
-            args = (key.platform, key.chat_id, key.thread_id or "")
+            args = (key.platform, key.chat_id, key.stored_thread())
             db.execute("INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id,"
                        " created_at) VALUES (?,?,?,?)", (*args, time.time()))
             row = db.execute(

@@ -28,8 +28,7 @@ T = TypeVar("T")
 
 
 def conv_key(row: sqlite3.Row | tuple[Any, ...], offset: int = 0) -> ConvKey:
-    platform, chat, thread = row[offset], row[offset + 1], row[offset + 2]
-    return ConvKey(platform, chat, thread or None)
+    return ConvKey.stored(row[offset], row[offset + 1], row[offset + 2])
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

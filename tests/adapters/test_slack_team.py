@@ -239,3 +239,37 @@ async def test_steer_gives_a_message_sent_meanwhile_to_the_running_turn(
     assert [m["role"] for m in messages][-4:] == ["assistant", "tool", "user", "user"]
     assert messages[-2]["content"] == "[ann] actually, only the docs folder"
 
+
+# -- a conversation per member ------------------------------------------------------------------
+
+
+async def test_per_user_gives_each_member_their_own_conversation_in_a_thread(
+        rig: Callable[..., SlackRig], fake: FakeSlackServer, model: FakeModelServer) -> None:
+    slow = Reply(text=" ".join(f"w{n:03}" for n in range(400)), chunk_size=5,
+                 chunk_delay=0.02)  # 8 s unless cancelled
+    model.script(Reply(text="Hi ann."), Reply(text="Hi bob."), slow)
+    async with rig(slack__groups__sessions="per_user", slack__streaming=False) as r:
+        root = await r.say("C1", "U1", "my secret is 42", mention=True, **CHANNEL)
+        thread = root["ts"]
+        await r.wait_text("C1", "Hi ann.", thread=thread)
+        await r.settle()
+        await r.say("C1", "U2", "what did ann say?", thread_ts=thread, **CHANNEL)
+        await r.wait_text("C1", "Hi bob.", thread=thread)
+        await r.settle()
+        await r.say("C1", "U1", "tell me a long story", thread_ts=thread, **CHANNEL)
+
+        def live() -> list[Any]:
+            return [m for m in fake.bot_messages("C1", thread) if m.visible_text.startswith("w0")
+                    and any(b["type"] == "actions" for b in m.blocks or [])]
+
+        await fake.wait_for(lambda: live() or None)
+        placeholder = live()[0]
+        await r.press("C1", "U1", placeholder.ts, "tandem_cancel")
+        await fake.wait_for(lambda: fake.message("C1", placeholder.ts).visible_text
+                            .endswith("⏹ Cancelled.") or None)
+        await r.settle()
+
+    assert said(model.requests[1]["messages"]) == ["[bob] what did ann say?"]
+    assert said(model.requests[2]["messages"]) == ["[ann] my secret is 42",
+                                                   "[ann] tell me a long story"]
+

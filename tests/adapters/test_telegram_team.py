@@ -15,6 +15,7 @@ from pathlib import Path
 import litellm  # noqa: F401 - loaded up front, not inside the first test's event loop
 import pytest
 
+from bot.core.events import Verdict
 from tests.adapters.test_telegram import ANN, BOB, GROUP, STRANGER, rig, said, user_texts
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCallSpec
 from tests.fakes.telegram_server import FakeMessage, FakeTelegram
@@ -316,4 +317,37 @@ async def test_queue_answers_a_message_sent_meanwhile_after_the_turn(
     assert len(model.requests) == 3
     assert not any("docs folder" in text for text in said(model.requests[1]["messages"]))
     assert said(model.requests[2]["messages"])[-1] == "[Ann] actually, only the docs folder"
+
+
+# -- a conversation per member ------------------------------------------------------------------
+
+
+async def test_per_user_gives_each_member_their_own_conversation_in_a_group(
+        tmp_path: Path, model: FakeModelServer, fake: FakeTelegram) -> None:
+    echo = ToolCallSpec("shell", {"command": "echo ann > ann.txt"})
+    model.script(Reply(text="Hi Ann."), Reply(text="Hi Bob."), Reply(tool_calls=[echo]),
+                 Reply(text="Written."))
+    async with rig(tmp_path, model, fake, allowed_users=TEAM,
+                   groups={"sessions": "per_user"}) as r:
+        fake.push_message(GROUP, ANN, "@tandem_bot my secret is 42", **IN_GROUP)
+        await r.answered(GROUP, "Hi Ann.")
+        fake.push_message(GROUP, BOB, "@tandem_bot what did Ann say?", first_name="Bob",
+                          **IN_GROUP)
+        await r.answered(GROUP, "Hi Bob.")
+        fake.push_message(GROUP, ANN, "@tandem_bot write my name to a file", **IN_GROUP)
+        card, approval_id = await r.card(GROUP)
+        stranger_press = r.press(GROUP, BOB, card, approval_id, Verdict.APPROVE, "Bob")
+        await r.until(lambda: stranger_press in fake.callback_answers)
+        assert not (r.workspace / "ann.txt").exists()  # Bob may not decide Ann's call
+        r.press(GROUP, ANN, card, approval_id, Verdict.APPROVE)
+        await r.answered(GROUP, "Written.")
+        assert (r.workspace / "ann.txt").read_text() == "ann\n"
+        await r.settle()
+
+    bob = said(model.requests[1]["messages"])
+    assert bob == ["[Bob] what did Ann say?"]  # none of Ann's conversation
+    ann = said(model.requests[2]["messages"])
+    assert ann == ["[Ann] my secret is 42", "[Ann] write my name to a file"]
+    assert fake.callback_answers[stranger_press]["text"] == \
+        "This approval is not yours: only the person who asked or an approver can decide it."
 
