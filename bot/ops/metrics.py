@@ -16,6 +16,7 @@ Names and labels (no user ids, no message text, no arguments: nothing secret):
     tandem_turn_seconds                        a turn's length, histogram
     tandem_model_call_seconds{ok}              model calls, histogram (ok: true | false)
     tandem_model_calls_total{model,ok}         model calls by the model that answered
+                                               (a failed one: the conversation's model)
     tandem_failovers_total{model}              answers another model gave while this one was out
     tandem_tokens_total{kind}                  prompt | completion | cache_read | cache_write
                                                (cached tokens are part of prompt)
@@ -172,7 +173,8 @@ class Metrics:
         self.budget = Counter("tandem_budget_refusals", "Turns refused by a daily budget",
                               ["scope"], registry=r)
         self.model_calls = Counter("tandem_model_calls", "Model calls, by the model that "
-                                   "answered (or failed last)", ["model", "ok"], registry=r)
+                                   "answered (a failed call: the conversation's model)",
+                                   ["model", "ok"], registry=r)
         self.failovers = Counter("tandem_failovers", "Answers given by a fallback while this "
                                  "model was unavailable (once per outage and chat)", ["model"],
                                  registry=r)
