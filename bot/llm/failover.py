@@ -164,9 +164,3 @@ class Health:
 
     def succeeded(self, key: str) -> None:
         self._circuits.pop(key, None)
-
-    def skipped(self) -> dict[str, float]:
-        """The models skipped now, and the seconds until each is tried again."""
-        now = self.clock()
-        return {key.split("@", 1)[0]: round(c.open_until - now)
-                for key, c in self._circuits.items() if c.open_until > now}
