@@ -248,8 +248,8 @@ class SlackAdapter(EdgeTimings):
         match data:
             case None:
                 await self.chat.tell(conv, who, STALE)
-            case CancelButton(turn):
-                receipt = await self.hub.cancel(Cancel(conv, who, turn=turn))
+            case CancelButton(turn, session):
+                receipt = await self.hub.cancel(Cancel(conv, who, turn=turn, session=session))
                 if not receipt.accepted:
                     await self._refused(conv, who, receipt.note)
             case ApprovalButton(approval_id, verdict):

@@ -164,7 +164,7 @@ class SlackChat:
     async def _live_post(self, conv: ConvKey, text: str, live: bool, turn: int) -> str | None:
         if self.closed:
             return None
-        out = render.live(text, cancel=live, turn=turn)
+        out = render.live(text, cancel=live, turn=turn, session=self.hub.session_of(conv))
         try:
             resp = await self.client.chat_postMessage(
                 channel=conv.chat_id, thread_ts=conv.thread_id, text=out.text,
@@ -179,7 +179,7 @@ class SlackChat:
                          turn: int) -> None:
         if self.closed or ts is None:
             return
-        out = render.live(text, cancel=live, turn=turn)
+        out = render.live(text, cancel=live, turn=turn, session=self.hub.session_of(conv))
         try:
             await self.client.chat_update(channel=conv.chat_id, ts=ts, text=out.text,
                                             blocks=out.blocks)

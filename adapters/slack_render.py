@@ -112,10 +112,11 @@ def _outgoing(body: list[Block], tail: list[Block]) -> Outgoing:
     return Outgoing(text[:FALLBACK_CHARS] or "…", body + tail)
 
 
-def live(markdown: str, *, cancel: bool, turn: int | None = None) -> Outgoing:
+def live(markdown: str, *, cancel: bool, turn: int | None = None,
+         session: int | None = None) -> Outgoing:
     """One part of a streamed answer (at most `SECTION_CHARS` of Markdown) as one message,
     with the Cancel button (for its own turn) while the turn runs."""
-    tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton(turn)))]) \
+    tail = actions([button("⏹ Cancel", CANCEL_ACTION, pack(CancelButton(turn, session)))]) \
         if cancel else []
     return _outgoing(sections(markdown), tail)
 

@@ -263,8 +263,8 @@ class TelegramAdapter(EdgeTimings):
                 if receipt.accepted and not self.edge.cards.known(approval_id) \
                         and (card := card_of(message, self.bot_id, approval_id)) is not None:
                     await self.edge.cards.learn(approval_id, card)  # the press's own card
-            case CancelButton(turn):
-                receipt = await self.hub.cancel(Cancel(conv, user, ref, turn))
+            case CancelButton(turn, session):
+                receipt = await self.hub.cancel(Cancel(conv, user, ref, turn, session))
                 if receipt.accepted and (query.data or "") in buttons_of(message, self.bot_id) \
                         and not self._live_here(conv, message.message_id):
                     # a placeholder whose reply was lost: its turn is over

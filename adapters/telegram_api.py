@@ -186,6 +186,8 @@ class Posted:
     message_id: int | None
     turn: int | None = None
     """The turn a live placeholder belongs to (its Cancel button carries it)."""
+    session: int | None = None
+    """That turn's session (its Cancel button carries it too)."""
 
 
 @dataclass(slots=True)

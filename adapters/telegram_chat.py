@@ -48,8 +48,8 @@ def where_of(conv: ConvKey) -> tuple[int, int | None]:
     return int(conv.chat_id), int(conv.thread_id) if conv.thread_id else None
 
 
-def cancel_keyboard(turn: int | None) -> Rows:
-    return [[("⏹ Cancel", pack(CancelButton(turn)))]]
+def cancel_keyboard(turn: int | None, session: int | None = None) -> Rows:
+    return [[("⏹ Cancel", pack(CancelButton(turn, session)))]]
 
 
 class TelegramChat:
@@ -100,10 +100,11 @@ class TelegramChat:
         """The turn's edited placeholder; where it lands is kept in the store."""
         chat, thread = where_of(conv)
         kept = False
+        session = self.hub.session_of(conv)
 
         async def post(text: str, on: bool) -> Posted:
             nonlocal kept
-            posted = await self._live_post(chat, thread, text, on, turn)
+            posted = await self._live_post(chat, thread, text, on, turn, session)
             if on and not kept and posted.message_id is not None:
                 kept = True
                 try:
@@ -118,30 +119,31 @@ class TelegramChat:
                            hold=lambda: self.api.next_at(chat))
 
     async def _live_post(self, chat: int, thread: int | None, text: str, live: bool,
-                         turn: int | None) -> Posted:
+                         turn: int | None, session: int | None = None) -> Posted:
         """A new message, with ⏹ Cancel (for its turn) while live."""
         try:
             message = await self.api.send(chat, thread, self.render(text), text,
-                                          cancel_keyboard(turn) if live else None, wait=False)
+                                          cancel_keyboard(turn, session) if live else None,
+                                          wait=False)
         except (BadRequest, Forbidden):
             log.error("Telegram: could not post in chat %s", chat, exc_info=True)
-            return Posted(chat, thread, None, turn)
+            return Posted(chat, thread, None, turn, session)
         except TimedOut:  # it may have arrived: never post twice; the text follows later
             log.warning("Telegram: no reply to a post in chat %s within %g s", chat,
                         self.api.send_timeout)
-            return Posted(chat, thread, None, turn)
+            return Posted(chat, thread, None, turn, session)
         except NetworkError as exc:
             raise RetryLater(2.0) from exc
-        return Posted(chat, thread, message.message_id, turn)
+        return Posted(chat, thread, message.message_id, turn, session)
 
     async def _live_edit(self, ref: Posted, text: str, live: bool) -> None:
         """An edit of the placeholder; a message that vanished is posted again."""
         try:
             if ref.message_id is None or not await self.api.edit(
-                    ref, self.render(text), text, cancel_keyboard(ref.turn) if live else None,
-                    final=not live):
+                    ref, self.render(text), text,
+                    cancel_keyboard(ref.turn, ref.session) if live else None, final=not live):
                 ref.message_id = (await self._live_post(ref.chat, ref.thread, text, live,
-                                                        ref.turn)).message_id
+                                                        ref.turn, ref.session)).message_id
         except (BadRequest, Forbidden):
             log.error("Telegram: could not edit in chat %s", ref.chat, exc_info=True)
         except NetworkError as exc:

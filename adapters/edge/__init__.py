@@ -69,7 +69,7 @@ class Edge(Generic[Ref]):
     async def _show(self, event: Event) -> None:
         match event:
             case TurnStarted():
-                await self.turns.started(event.conv, event.turn)
+                await self.turns.started(event.conv, event.turn, event.session)
             case Progress():
                 self.turns.progress(event)
             case TurnEnded():

@@ -28,14 +28,15 @@ WORKING = "⏳ Working on it…"
 """The status message that carries ⏹ Cancel beside a draft or a stream."""
 
 
-def cancel_button(turn: int | None) -> Button:
-    return Button("⏹ Cancel", pack(CancelButton(turn)))
+def cancel_button(turn: int | None, session: int | None = None) -> Button:
+    return Button("⏹ Cancel", pack(CancelButton(turn, session)))
 
 
 @dataclass(slots=True)
 class Turn(Generic[Ref]):
     number: int
     live: Live[Ref]
+    session: int | None = None
     started: float = field(default_factory=time.monotonic)
     status: str = THINKING
     progress: Progress | None = None
@@ -66,7 +67,7 @@ class Turns(Generic[Ref]):
         refs = turn.live.refs
         return not refs or any(mine(r) for r in [*refs, *turn.offer])
 
-    async def started(self, conv: ConvKey, number: int) -> None:
+    async def started(self, conv: ConvKey, number: int, session: int | None = None) -> None:
         if (old := self._turns.pop(conv, None)) is not None:
             await self._stop(conv, old)
         await self.paused.settle(conv)
@@ -76,7 +77,8 @@ class Turns(Generic[Ref]):
                     time.monotonic() - now.started >= self.cancel_delay:
                 self._offer_soon(conv, now)
 
-        turn = self._turns[conv] = Turn(number, self.chat.new_live(conv, number, lost_cancel))
+        turn = self._turns[conv] = Turn(number, self.chat.new_live(conv, number, lost_cancel),
+                                        session)
         loop = asyncio.get_running_loop()
         turn.tasks = [loop.create_task(self._tick(conv, turn)),
                       loop.create_task(self._offer_after(conv, turn))]
@@ -173,7 +175,8 @@ class Turns(Generic[Ref]):
         """⏹ Cancel one tap away: a status message beside a surface without one. Never
         cancelled once started (a message posted must be known, to be deleted)."""
         try:
-            turn.offer = await self.chat.post(conv, WORKING, (cancel_button(turn.number),))
+            turn.offer = await self.chat.post(conv, WORKING,
+                                              (cancel_button(turn.number, turn.session),))
         except self.chat.failures:
             log.warning("%s: could not offer Cancel in %s", self.chat.platform, conv,
                         exc_info=True)

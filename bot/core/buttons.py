@@ -29,6 +29,8 @@ class ApprovalButton:
 class CancelButton:
     turn: int | None = None
     """The turn the button was shown for: a stale button cannot cancel a later turn."""
+    session: int | None = None
+    """The session of that turn (turn numbers start at 1 again after `/new`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,9 @@ def pack(data: ButtonData) -> str:
     match data:
         case ApprovalButton(approval_id, verdict):
             out = f"ap:{approval_id}:{_VERDICT_CODES[verdict]}"
-        case CancelButton(turn):
-            out = "cx" if turn is None else f"cx:{turn}"
+        case CancelButton(turn, session):
+            out = "cx" if turn is None else f"cx:{turn}" if session is None \
+                else f"cx:{turn}:{session}"
         case ItemButton(kind, item_id):
             out = f"{_ITEM_CODES[kind]}:{item_id}"
     if len(out.encode()) > MAX_BYTES:
@@ -78,6 +81,9 @@ def unpack(raw: str) -> ButtonData | None:
             return CancelButton()
         case ["cx", turn] if turn.isdigit() and len(turn) <= 12:
             return CancelButton(int(turn))
+        case ["cx", turn, session] if turn.isdigit() and len(turn) <= 12 \
+                and session.isdigit() and len(session) <= 12:
+            return CancelButton(int(turn), int(session))
         case ["jc", item_id] if item_id.isalnum():
             return ItemButton("job", item_id)
         case ["rr", item_id] if item_id.isalnum():

@@ -153,6 +153,8 @@ class Cancel:
     ref: str | None = None
     turn: int | None = None
     """The turn the pressed button belongs to; None (`/stop`) means whatever runs now."""
+    session: int | None = None
+    """The session of that turn (a button from before a `/new` stops nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,8 @@ class TurnStarted:
 
     conv: ConvKey
     turn: int
+    session: int | None = None
+    """The conversation's session (its Cancel button carries it)."""
 
 
 @dataclass(frozen=True, slots=True)

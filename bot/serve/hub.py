@@ -80,6 +80,17 @@ class Hub:
     async def idle(self) -> None:
         await self.lanes.idle()
 
+    def session_of(self, key: ConvKey) -> int | None:
+        """The session of a conversation whose turn runs here (its ⏹ carries it)."""
+        conv = self.convs.cached(key)
+        return conv.row.session if conv is not None else None
+
+    async def _session(self, key: ConvKey) -> int:
+        conv = self.convs.cached(key)
+        if conv is not None and not self.lanes.fresh:
+            return conv.row.session
+        return (await self.d.store.conversation(key)).session
+
     def running(self, key: ConvKey) -> bool:
         """A turn is running right now (a Cancel would stop it)."""
         return self.lanes.running(key)
@@ -134,6 +145,8 @@ class Hub:
                    await self._running_for(item.conv)):
             await self._refused(item, "stop", permissions.refusal(Action.STOP))
             return Receipt(False, permissions.refusal(Action.STOP))
+        if item.session is not None and item.session != await self._session(item.conv):
+            return Receipt(False, "That turn is already over.")  # a button from before /new
         if await self.lanes.cancel_anywhere(item.conv, item.turn):
             return Receipt(True, "Cancelling…")
         self.lanes.put(item.conv, item)  # a turn waiting for a human, or nothing at all

@@ -281,7 +281,7 @@ class Worker:
         key, number = conv.row.key, conv.turn.turn
         cancel = self.lanes.begin(key, number)
         try:
-            await self.d.emit(TurnStarted(key, number))
+            await self.d.emit(TurnStarted(key, number, conv.row.session))
             if resumed:
                 await self.runner.resumed(conv)
             await self.runner.drive(conv, cancel)
@@ -317,7 +317,8 @@ class Worker:
 
     async def _cancel_waiting(self, conv: Conversation, item: Cancel) -> None:
         state = conv.turn
-        if state is None or item.turn not in (None, state.turn):
+        if state is None or item.turn not in (None, state.turn) \
+                or item.session not in (None, conv.row.session):
             text = "Nothing is running." if item.turn is None else "That turn is already over."
             await self.d.emit(Notice(conv.row.key, text, ephemeral_to=item.user))
             return

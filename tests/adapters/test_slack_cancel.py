@@ -163,7 +163,7 @@ async def offered(r: Rig, watch: Watch, thread: str, *, late: float = 1.0,
     began, start = [(t, e) for t, e in watch.started() if e.conv.thread_id == thread][-1]
     [button] = button_elements(status)
     assert button["action_id"] == OFFER_ACTION and button["text"]["text"] == "⏹ Cancel"
-    assert button["value"] == pack(CancelButton(start.turn))
+    assert button["value"] == pack(CancelButton(start.turn, start.session))
     delay = r.adapter.cancel_delay
     lost = [c.time for c in deletes(r.fake) if c.time > began and c.time < post.time]
     due = max([began + delay, *lost])
@@ -512,7 +512,7 @@ async def test_an_updated_placeholder_carries_its_own_cancel(
         assert working_posts(fake) == []
         [button] = button_elements(placeholder)
         assert button["action_id"] == CANCEL_ACTION
-        assert button["value"] == pack(CancelButton(start.turn))
+        assert button["value"] == pack(CancelButton(start.turn, start.session))
         pressed = await timed_press(r, placeholder, CANCEL_ACTION)
         took = await cancelled_end(r, watch, pressed)
         await fake.wait_for(lambda: placeholder.visible_text.endswith("⏹ Cancelled.")

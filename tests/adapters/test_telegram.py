@@ -259,7 +259,7 @@ async def test_a_strangers_stop_and_cancel_press_change_nothing(
                                   for m in r.bot(GROUP)))
         placeholder = r.bot(GROUP)[0]
         query = fake.push_callback(GROUP, STRANGER, placeholder.message_id,
-                                   pack(CancelButton(1)), first_name="Eve")
+                                   pack(CancelButton(1, 1)), first_name="Eve")
         fake.push_message(GROUP, STRANGER, "/stop", chat_type="supergroup", first_name="Eve")
         await r.until(lambda: query in fake.callback_answers)
         answer = fake.callback_answers[query]
@@ -523,7 +523,7 @@ async def test_cancel_while_streaming(tmp_path: Path, model: FakeModelServer,
         await r.until(lambda: any(m.text.startswith("word") and m.reply_markup
                                   for m in r.bot(ANN)))
         placeholder = r.bot(ANN)[0]
-        fake.push_callback(ANN, ANN, placeholder.message_id, pack(CancelButton(1)))
+        fake.push_callback(ANN, ANN, placeholder.message_id, pack(CancelButton(1, 1)))
         await r.until(lambda: fake.message(ANN, placeholder.message_id).text
                       .endswith("⏹ Cancelled.") and not fake.message(
                           ANN, placeholder.message_id).reply_markup)

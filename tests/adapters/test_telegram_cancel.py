@@ -101,7 +101,7 @@ async def offered(r: Rig, watch: Watch, chat: int) -> FakeMessage:
     [post] = status_posts(r.fake, chat)
     [status] = status_messages(r.fake, chat)
     began, start = [(t, e) for t, e in watch.started() if e.conv.chat_id == str(chat)][-1]
-    assert buttons(status) == [pack(CancelButton(start.turn))]
+    assert buttons(status) == [pack(CancelButton(start.turn, start.session))]
     assert status.reply_markup is not None
     assert status.reply_markup["inline_keyboard"][0][0]["text"] == "⏹ Cancel"
     after, delay = post.time - began, r.adapter.cancel_delay
@@ -277,7 +277,7 @@ async def test_an_edited_placeholder_carries_its_own_cancel(
         await r.until(lambda: edits_past_the_delay() >= 3)
         assert status_posts(fake) == []
         [placeholder] = r.bot(chat)
-        assert buttons(placeholder) == [pack(CancelButton(start.turn))]
+        assert buttons(placeholder) == [pack(CancelButton(start.turn, start.session))]
         assert fake.drafts == []
         pressed, query = timed_press(fake, chat, placeholder, buttons(placeholder)[0])
         took = await cancelled_end(r, watch, pressed)

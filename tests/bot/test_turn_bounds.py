@@ -16,11 +16,13 @@ from bot.core.events import (
     ApprovalResolved,
     Attachment,
     Cancel,
+    Command,
     Decision,
     Event,
     Notice,
     Progress,
     TurnEnded,
+    TurnStarted,
     UserMessage,
     Verdict,
 )
@@ -276,3 +278,39 @@ async def test_a_message_sent_while_the_card_waits_supersedes_it(
     assert ended.text == "Something else, then."
     assert [r.outcome for r in core.sink.of(ApprovalResolved)] == ["superseded"]
     assert not (tmp_path / "workspace" / "ran").exists()
+
+
+async def test_a_cancel_button_from_before_new_stops_nothing(
+        model: FakeModelServer, config_factory: Any) -> None:
+    """Turn numbers start at 1 again after `/new`: an old ⏹ of turn 1 must not stop the new
+    session's turn 1."""
+    model.script(Reply(text="first"), Reply(text="slow " * 60, chunk_size=5, chunk_delay=0.01))
+    async with Core(config_factory()) as core:
+        await core.say("one")
+        [first] = await core.sink.ended()
+        conv = core.hub.convs.cached(core.key)
+        assert conv is not None
+        old = conv.row.session
+        await core.hub.submit(Command(core.key, core.user, "new"))
+        await core.say("two")
+        await core.sink.wait(lambda: any(p.text.startswith("slow")
+                                         for p in core.sink.of(Progress)))
+        started = core.sink.of(TurnStarted)[-1]
+        stale = await core.hub.cancel(Cancel(core.key, core.user, turn=first.turn, session=old))
+        ended = await core.sink.ended(2)
+    assert started.turn == first.turn and started.session != old
+    assert stale.note == "That turn is already over."
+    assert ended[-1].reason == "completed"
+
+
+async def test_the_cancel_button_of_the_running_turn_stops_it(
+        model: FakeModelServer, config_factory: Any) -> None:
+    model.script(Reply(text="slow " * 200, chunk_size=5, chunk_delay=0.01))
+    async with Core(config_factory()) as core:
+        await core.say("one")
+        [started] = await core.sink.wait(lambda: core.sink.of(TurnStarted))
+        await core.sink.wait(lambda: any(p.text for p in core.sink.of(Progress)))
+        receipt = await core.hub.cancel(Cancel(core.key, core.user, turn=started.turn,
+                                               session=started.session))
+        [ended] = await core.sink.ended()
+    assert receipt.note == "Cancelling…" and ended.reason == "cancelled"
