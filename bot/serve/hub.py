@@ -141,8 +141,9 @@ class Hub:
         if (refusal := self.access.check(item)) is not None:
             await self._refused(item, "access", refusal)
             return Receipt(False, refusal)
-        if not may(self.access, item.user, Action.STOP, item.conv,
-                   await self._running_for(item.conv)):
+        owner = await self._running_for(item.conv)  # None: nothing to stop, for anyone
+        if owner is not None and not may(self.access, item.user, Action.STOP, item.conv,
+                                         owner):
             await self._refused(item, "stop", permissions.refusal(Action.STOP))
             return Receipt(False, permissions.refusal(Action.STOP))
         if item.session is not None and item.session != await self._session(item.conv):
