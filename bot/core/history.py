@@ -63,11 +63,12 @@ class Media:
     """Estimated cost of its part."""
 
     def part(self) -> dict[str, Any]:
-        """The content part for the model, read from the file now."""
+        """The content part for the model, read from the file now (a picture from the
+        scaled copy made when it arrived: nothing is decoded here)."""
         path = Path(self.file)
         try:
             if self.kind == "image":
-                from bot.core.images import data_url  # Pillow loads on first use
+                from bot.core.images import data_url
 
                 return {"type": "image_url", "image_url": {"url": data_url(path)}}
             data = base64.b64encode(path.read_bytes()).decode("ascii")
@@ -75,6 +76,9 @@ class Media:
                                              "file_data": f"data:{self.mime};base64,{data}"}}
         except (OSError, ValueError) as exc:
             log.info("media %s is unreadable: %s", self.path, exc)
+            if path.is_file():  # a picture that could not be scaled (too large, broken)
+                return {"type": "text", "text": f"[{self.name} cannot be shown; it is in "
+                                                f"the workspace at {self.path}]"}
             return {"type": "text", "text": f"[{self.name} was sent earlier but is no longer "
                                             f"in the workspace at {self.path}]"}
 

@@ -155,3 +155,20 @@ async def test_twenty_pictures_are_decoded_once_each_off_the_event_loop(
     assert [len(image_parts(r["messages"])) for r in model.requests] == [20, 20, 20]
     assert [p.size[0] for p in image_parts(model.requests[-1]["messages"])] == [2048] * 20
     assert len(decoded) == 20 and threading.main_thread().name not in decoded
+
+
+def test_a_request_never_decodes_a_picture(tmp_path: Path) -> None:
+    """A picture nobody prepared (its scaled copy lost) is named, not decoded on the spot;
+    once prepared it is sent; once gone it is named as gone."""
+    from bot.core.history import Media
+
+    pic = tmp_path / "p.png"
+    pic.write_bytes(png(3000, 10))
+    media = Media("image", "p.png", "uploads/p.png", str(pic), 10, "image/png", seen=True)
+    assert media.part() == {"type": "text", "text": "[p.png cannot be shown; it is in the "
+                                                    "workspace at uploads/p.png]"}
+    images.prepare(pic)
+    assert media.part()["type"] == "image_url"
+    pic.unlink()
+    images.scaled_path(pic).unlink()
+    assert "is no longer in the workspace" in media.part()["text"]
