@@ -412,3 +412,31 @@ async def test_each_conversation_keeps_its_files_private_in_its_own_folders(
         assert path.stat().st_mode & 0o777 == want, path
     assert f"saved whole as inbox/{theirs}/message-" in " ".join(
         n.text for n in core.sink.of(Notice))
+
+
+async def test_another_conversation_reading_an_upload_asks_first(
+        config_factory: Callable[..., Config], model: FakeModelServer) -> None:
+    """A DM's document read from another conversation: the card says whose folder it is;
+    the conversation the file came in reads it without asking."""
+    core, port = started(config_factory())
+    other = ConvKey("console", "c2")
+    model.script(Reply(text="saved"))
+    async with core:
+        await send(core, "my contract", Attachment("contract.txt", "text/plain", 0, "file",
+                                                   port.add("c", b"secret terms")))
+        await core.sink.ended()
+        [saved] = (Path(core.config.workspace.dir) / "uploads").rglob("contract.txt")
+        path = saved.relative_to(Path(core.config.workspace.dir)).as_posix()
+        model.script(Reply(tool_calls=[ToolCallSpec("read_file", {"path": path})]),
+                     Reply(text="read it"))
+        await core.say("read my contract")
+        await core.sink.ended(2)
+        model.script(Reply(tool_calls=[ToolCallSpec("read_file", {"path": path})]))
+        await core.hub.submit(UserMessage(other, core.user, "what does it say?"))
+        [card] = await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+    assert card.conv == other and card.tool == "read_file"
+    assert card.reason == f"Asked because uploads/{conversation_folder(core.key)} is " \
+                          "another conversation's folder."
+    results = [m["content"] for r in model.requests for m in r["messages"]
+               if m.get("role") == "tool"]
+    assert results == ["secret terms"]
