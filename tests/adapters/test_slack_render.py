@@ -284,7 +284,9 @@ def test_conversations_from_events() -> None:
                                 BOT)
     assert in_thread is not None and not in_thread.addressed
     assert in_thread.conv == ConvKey("slack", "C1", "0.5")
-    assert extract_message(event(channel="C1", channel_type="channel"), BOT) is None
+    talk = extract_message(event(channel="C1", channel_type="channel"), BOT)
+    assert talk is not None and not talk.addressed and talk.thread is None  # group talk
+    assert talk.conv == ConvKey("slack", "C1", None)
     assert extract_message(event(subtype="message_changed"), BOT) is None
     assert extract_message(event(bot_id="B2"), BOT) is None
     assert extract_message(event(user=BOT), BOT) is None
