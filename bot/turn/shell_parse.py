@@ -8,13 +8,16 @@ part of its own (`>out.txt`, `<in.txt`): it must be covered too. Redirections to
 
 Whatever the parse does not model makes it inexact (`Parsed.exact` false), and an inexact
 command is never allowed by a rule: `$` (variables, `$(…)`, `$'…'`), backticks, here
-documents (`<<`), process substitution (`<(…)`), comments (`#`), control characters and
-quotes that do not close. Cutting too often is safe (a quoted `";"` makes an extra part
-that must be covered as well); cutting too rarely is what the property tests look for.
+documents (`<<`), process substitution (`<(…)`), comments (`#`), control characters,
+quotes that do not close, and an operator escaped or quoted on its own (`\\;`, `";"`: a
+word for the shell, a program, where shlex gives an operator). Cutting too often is safe
+(a quoted `"a;b"` makes extra parts that must be covered as well); cutting too rarely is
+what the property tests look for.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -82,9 +85,15 @@ def _is_redirection(token: str) -> bool:
     return all(c in "<>&|" for c in token) and ("<" in token or ">" in token)
 
 
+_WORD_OF_OPERATORS = re.compile(r"""\\[;&|<>()]|(["'])[;&|<>()\s]+\1""")
+"""An escaped operator character (`\\;`) or a quoted run of them (`";"`): a word for the
+shell (a program named `;` would run), which shlex hands on as an operator."""
+
+
 def parse(command: str) -> Parsed:
     """The parts of `command`, and whether the parse is exact."""
-    exact = not _controls(command) and not any(u in command for u in UNMODELLED)
+    exact = not _controls(command) and not any(u in command for u in UNMODELLED) \
+        and _WORD_OF_OPERATORS.search(command) is None
     tokens = _tokens(command)
     if tokens is None:
         return Parsed(tuple(Part(w, (w,)) for w in command.split()), False)
