@@ -54,7 +54,7 @@ class Hub:
         self.worker = Worker(self.runner, self.intake, access, scheduler, lanes)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals
-        self.per_user = any(getattr(getattr(deps.config, p), "groups").sessions == "per_user"
+        self.per_user = any(getattr(deps.config, p).groups.sessions == "per_user"
                             for p in ("telegram", "slack"))
         """Members have their own conversations in groups: presses name the group."""
 
@@ -126,12 +126,19 @@ class Hub:
         if isinstance(item, Edit) and await self.intake.talk.edited(item):
             return receipt  # nothing for the conversation's lane to do
         if isinstance(item, UserMessage):
-            await self.intake.talk.said(item)
-            if self.lanes.running(item.conv):
-                await self.d.emit(Queued(item.conv, item.ref))
-                item = dataclasses.replace(item, queued=True)
+            item = await self._message(item)
         await self.lanes.submit(item.conv, item)
         return Receipt(True)
+
+    async def _message(self, item: UserMessage) -> UserMessage:
+        """A message for its lane: kept as said; one that waits behind a turn is told so
+        (👀) and marked as sent before any card that turn shows (`Worker._messages`)."""
+        await self.intake.talk.said(item)
+        if self.lanes.running(item.conv):
+            await self.d.emit(Queued(item.conv, item.ref))
+        if self.lanes.running(item.conv) or self.lanes.busy(item.conv):
+            return dataclasses.replace(item, queued=True)
+        return item
 
     async def cancel(self, item: Cancel) -> Receipt:
         """Out of band: the running turn (the button's own) stops at its next checkpoint,

@@ -291,6 +291,7 @@ class Worker:
             return
         finally:
             self.lanes.end(key)
+        conv.release(summarized_only=self.d.config.context.summary)  # memory: the window
         if conv.turn is not None:
             for approval in await self.d.store.pending_approvals(conv.row.id):
                 self.approvals.arm(key, approval)

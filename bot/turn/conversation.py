@@ -24,7 +24,8 @@ from bot.turn.usage import Recent
 class Conversation:
     row: ConvRow
     history: list[Msg] = field(default_factory=list)
-    """Every message of the current session, oldest first."""
+    """The messages of the current session in memory, oldest first: the window, and what
+    was trimmed but not summarized yet (`release` forgets the rest; the store keeps it)."""
     starts: list[int] = field(default_factory=list)
     """Index of each turn's first message."""
     cut: int = 0
@@ -42,6 +43,8 @@ class Conversation:
     """The model's summary of the turns trimmed away (with `context.summary`)."""
     summary_through: int = 0
     """Id of the last message the summary covers."""
+    released_turns: int = 0
+    """Turns trimmed away and forgotten from memory (`release`)."""
     unread: set[str] = field(default_factory=set)
     """Calls that finished without running (denied, expired, skipped, interrupted): their
     results are Tandem's own words, so they hold nothing read from outside."""
@@ -104,7 +107,26 @@ class Conversation:
 
     @property
     def dropped_turns(self) -> int:
-        return bisect_left(self.starts, self.cut)
+        return self.released_turns + bisect_left(self.starts, self.cut)
+
+    def release(self, *, summarized_only: bool) -> int:
+        """Forget the messages trimmed away (they stay in the store), so that memory holds
+        what a turn needs rather than the whole session. With `summarized_only`, those
+        the summary does not cover yet are kept for it. Returns how many went."""
+        end = self.cut
+        if summarized_only:
+            end = min(end, next((i for i, m in enumerate(self.history[:end])
+                                 if (m.id or 0) > self.summary_through), end))
+        first = bisect_left(self.starts, end)
+        end = self.starts[first] if first < len(self.starts) else end  # whole turns only
+        if end <= 0 or end > self.cut:
+            return 0
+        del self.history[:end]
+        self.released_turns += first
+        self.starts = [i - end for i in self.starts[first:]]
+        self.cut -= end
+        self._prefix.shift(end)
+        return end
 
     def window(self) -> list[Msg]:
         return self.history[self.cut :]
@@ -172,6 +194,12 @@ class _Prefix:
         self.wire.extend(chunk)
         self.turns.append((start, len(chunk)))
         self.end = end
+
+    def shift(self, by: int) -> None:
+        """The first `by` messages of the history went (all before `start`)."""
+        self.start -= by
+        self.end -= by
+        self.turns = deque((start - by, n) for start, n in self.turns)
 
     def drop_before(self, cut: int) -> None:
         """The cut moved forward (whole turns): forget the turns before it."""

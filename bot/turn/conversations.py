@@ -14,14 +14,18 @@ from bot.core.events import ConvKey
 from bot.turn.conversation import Conversation
 
 MAX_CACHED = 2000
+MAX_CACHED_MESSAGES = 200_000
+"""Messages held by all cached conversations together (each holds about its window)."""
 
 
 class Conversations:
     def __init__(self, load: Callable[[ConvKey], Awaitable[Conversation]],
-                 busy: Callable[[ConvKey], bool], limit: int = MAX_CACHED) -> None:
+                 busy: Callable[[ConvKey], bool], limit: int = MAX_CACHED,
+                 max_messages: int = MAX_CACHED_MESSAGES) -> None:
         self._load = load
         self._busy = busy
         self._limit = limit
+        self._max_messages = max_messages
         self._cache: OrderedDict[ConvKey, Conversation] = OrderedDict()
         self._loading: dict[ConvKey, asyncio.Future[Conversation]] = {}
 
@@ -56,8 +60,11 @@ class Conversations:
         self._cache.pop(key, None)
 
     def _evict(self) -> None:
-        while len(self._cache) > self._limit:
-            oldest = next(iter(self._cache))
-            if self._busy(oldest):
-                break
-            self._cache.popitem(last=False)
+        """The least recently used idle conversations go while the cache holds too many
+        conversations or too many messages."""
+        size = sum(len(c.history) for c in self._cache.values())
+        for key in list(self._cache):
+            if len(self._cache) <= self._limit and size <= self._max_messages:
+                return
+            if not self._busy(key):
+                size -= len(self._cache.pop(key).history)

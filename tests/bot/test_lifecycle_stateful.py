@@ -47,6 +47,7 @@ from bot.core.events import (
     Decision,
     Edit,
     Notice,
+    Progress,
     Suspended,
     Trigger,
     TurnEnded,
@@ -86,6 +87,23 @@ def spec(kind: str, n: int, fixed: bool) -> ToolCallSpec:
             return ToolCallSpec("list_dir", {"path": "."}, call_id)
         case _:
             return ToolCallSpec("no_such_tool", {"n": n}, call_id)
+
+
+class DiesAfterTheDecision:
+    """Stands in for a kill right after a decision is stored: showing it fails, so the
+    turn never goes on in this process (the store keeps what was decided)."""
+
+    def __init__(self, sink: Recorder) -> None:
+        self.sink = sink
+        self.killed = False
+
+    async def emit(self, event: Any) -> None:
+        if self.killed:  # a dead process shows nothing more
+            return
+        await self.sink.emit(event)
+        if isinstance(event, ApprovalResolved):
+            self.killed = True
+            raise RuntimeError("killed")
 
 
 class LifecycleMachine(RuleBasedStateMachine):
@@ -348,6 +366,66 @@ class LifecycleMachine(RuleBasedStateMachine):
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
             core.dispatch.sinks["console"] = core.sink
+
+    @precondition(has_live)
+    @rule(pick=picks, verdict=verdicts)
+    def decide_then_killed(self, pick: int, verdict: Verdict) -> None:
+        """A press is stored, then Tandem dies before the turn goes on: the next start
+        lets the turn go on whatever the decision (a Deny used to end it silently)."""
+        live = self.live()
+        approval_id = live[pick % len(live)]
+        self.run(self._decide_then_killed(approval_id, verdict))
+
+    async def _decide_then_killed(self, approval_id: str, verdict: Verdict) -> None:
+        core = self.c
+        dying = DiesAfterTheDecision(core.sink)
+        core.dispatch.sinks["console"] = dying
+        try:
+            await core.hub.submit(Decision(core.key, core.user, approval_id, verdict))
+            await core.hub.idle()
+        finally:
+            core.dispatch.sinks["console"] = core.sink
+        event(f"decide_then_killed: {verdict.value}, {'killed' if dying.killed else 'lived'}")
+        ended = len(self.events(TurnEnded))
+        await self._restart()
+        await self.c.hub.idle()
+        if dying.killed and not self.live():  # decided: the turn went on, and ended
+            assert len(self.events(TurnEnded)) > ended, "the turn ended silently"
+
+    @rule(calls=st.lists(one_call, min_size=1, max_size=2), text=texts)
+    def say_while_thinking(self, calls: list[tuple[str, int, bool]], text: str) -> None:
+        """A message sent while the model is still streaming the step that shows a card:
+        it never supersedes that card (nobody could have decided it yet)."""
+        self.queue.appendleft(Reply(text="thinking " + " ".join(str(i) for i in range(40)),
+                                    chunk_size=4, chunk_delay=0.005,
+                                    tool_calls=[spec(k, n, f) for k, n, f in calls]))
+        self.queue.append(Reply(text=f"answer: {text}"))
+        self.run(self._say_while_thinking(text))
+
+    async def _say_while_thinking(self, text: str) -> None:
+        core = self.c
+        shown = len(core.sink.of(Progress))
+        await core.say("look into it")  # (supersedes a card that waits: sent after it)
+        await core.sink.wait(lambda: any(p.text.startswith("thinking")
+                                          for p in core.sink.of(Progress)[shown:]))
+        superseded = sum(e.outcome == "superseded" for e in self.events(ApprovalResolved))
+        await core.say(text)
+        await core.hub.idle()
+        assert sum(e.outcome == "superseded" for e in self.events(ApprovalResolved)) \
+            == superseded
+
+    @rule(turn=st.integers(1, 3))
+    def cancel_from_an_old_session(self, turn: int) -> None:
+        """A ⏹ of an earlier session's turn (numbers start again after `/new`) changes
+        nothing."""
+        core = self.c
+        conv = core.hub.convs.cached(core.key)
+        session = conv.row.session if conv is not None else 1
+        before = self.snapshot()
+        receipt = self.run(self._settled(core.hub.cancel(
+            Cancel(core.key, core.user, turn=turn, session=session - 1))))
+        assert receipt.note != "Cancelling…", receipt
+        assert self.snapshot()[:4] == before[:4]
 
     @rule()
     def new_session(self) -> None:

@@ -314,3 +314,31 @@ async def test_the_cancel_button_of_the_running_turn_stops_it(
                                                session=started.session))
         [ended] = await core.sink.ended()
     assert receipt.note == "Cancelling…" and ended.reason == "cancelled"
+
+
+@pytest.mark.parametrize("summary", [False, True], ids=["plain", "summary"])
+async def test_memory_holds_the_window_not_the_whole_session(
+        model: FakeModelServer, config_factory: Any, tmp_path: Path, summary: bool) -> None:
+    """A long conversation keeps in memory what its turns need (the window, and what the
+    summary does not cover yet); the rest stays in the store."""
+    model.responder = lambda m: Reply(text="Ann asked things ." if "compacting" in str(
+        m[0]["content"]) else " ".join(f"w{i}" for i in range(300)))
+    config = config_factory(llm__context_window=6000, llm__max_output_tokens=500,
+                            context__summary=summary)
+    async with Core(config) as core:
+        for i in range(20):
+            await core.say(f"question {i} " + "x" * 2000)
+            await core.sink.ended(i + 1)
+        await core.hub.idle()
+        conv = core.hub.convs.cached(core.key)
+        assert conv is not None
+        in_memory, cut, dropped = len(conv.history), conv.cut, conv.dropped_turns
+        last = model.requests[-1]["messages"]
+    with sqlite3.connect(tmp_path / "tandem.db") as db:
+        (stored,) = db.execute("SELECT COUNT(*) FROM messages").fetchone()
+    assert stored == 40
+    in_view = sum(1 for m in last if m["role"] == "user" and "question" in str(m["content"]))
+    assert in_memory - cut == 2 * in_view  # the window: each turn a question and an answer
+    assert in_memory <= 2 * in_view + 2  # at most one turn beyond it, not the session
+    assert dropped == 20 - in_view
+    assert "question 19" in str(last) and "question 0 " not in str(last)
