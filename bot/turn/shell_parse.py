@@ -9,10 +9,10 @@ part of its own (`>out.txt`, `<in.txt`): it must be covered too. Redirections to
 Whatever the parse does not model makes it inexact (`Parsed.exact` false), and an inexact
 command is never allowed by a rule: `$` (variables, `$(…)`, `$'…'`), backticks, here
 documents (`<<`), process substitution (`<(…)`), comments (`#`), control characters,
-quotes that do not close, and an operator escaped or quoted on its own (`\\;`, `";"`: a
-word for the shell, a program, where shlex gives an operator). Cutting too often is safe
-(a quoted `"a;b"` makes extra parts that must be covered as well); cutting too rarely is
-what the property tests look for.
+quotes that do not close, and an operator or keyword escaped or quoted (`\\;`, `\\{`,
+`";"`: a word for the shell, a program, where the cut sees an operator or a keyword).
+Cutting too often is safe (a quoted `"a;b"` makes extra parts that must be covered as
+well); cutting too rarely is what the property tests look for.
 """
 
 from __future__ import annotations
@@ -85,9 +85,10 @@ def _is_redirection(token: str) -> bool:
     return all(c in "<>&|" for c in token) and ("<" in token or ">" in token)
 
 
-_WORD_OF_OPERATORS = re.compile(r"""\\[;&|<>()]|(["'])[;&|<>()\s]+\1""")
-"""An escaped operator character (`\\;`) or a quoted run of them (`";"`): a word for the
-shell (a program named `;` would run), which shlex hands on as an operator."""
+_WORD_OF_OPERATORS = re.compile(
+    r"""\\[;&|<>(){}!]|(["'])(?:[;&|<>()\s]+|[{}!]|if|then|elif|else|fi|do|done|while|until|time)\1""")
+"""An operator or keyword escaped (`\\;`, `\\{`) or quoted (`";"`, `'if'`): a word for the
+shell, a program to run, which the cut would take for an operator or a keyword."""
 
 
 def parse(command: str) -> Parsed:

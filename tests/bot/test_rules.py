@@ -279,6 +279,7 @@ def run_sh(sandbox: Path, command: str) -> tuple[list[str], str, set[str]]:
 @example(["; ", "git status", " -s"])
 @example(["'", "\\\n", "'"])
 @example([";", "\\", ";"])  # `\;` is a word for the shell: a program named `;`
+@example([";", "\\", "{"])  # `\{` too: not the keyword, a program named `{`
 def test_what_git_status_star_allows_runs_only_git_status(sandbox: Path,
                                                           pieces: list[str]) -> None:
     command = "git status" + "".join(pieces)
