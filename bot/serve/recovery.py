@@ -86,6 +86,7 @@ async def load_conversation(store: Store, runner: Runner, key: ConvKey) -> Conve
     if summary is not None:
         conv.summary_through, conv.summary = summary
         conv.skip_summarized()
+        conv.release(summarized_only=True)  # what the summary covers stays in the store
     last = await store.last_turn(row.id, row.session)
     if last is not None and last.status == "done" and last.unshown is not None:
         log.info("showing the end of turn %d of %s (stored, never shown)", last.turn, key)
