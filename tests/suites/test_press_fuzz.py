@@ -20,9 +20,11 @@ Checked after every batch, once the core and the adapter are idle:
 
 * The approval leaves `pending` only in a batch holding a press that may decide it (the
   requester or an approver, this approval, in its own conversation, from this workspace)
-  or a Cancel of its turn, and to a status one of them asked for, `decided_by` one of
-  those people; such a batch does decide it. An older approval never changes.
-* `mark` runs only for an approval that is approved (or always allowed), at most once
+  or a Cancel of its turn (by its requester or an approver: README, Who may do what),
+  and to a status one of them asked for, `decided_by` one of those people; such a batch
+  does decide it. An older approval never changes.
+* `mark` runs only for an approval that is approved (or allowed for the conversation, or
+  always allowed), at most once
   per call, never for another example's call.
 * A batch with no deciding press edits nothing at all; any edit goes to the card or to a
   message of the card's own conversation, and only the card ever shows an outcome.
@@ -93,7 +95,8 @@ OUTCOME_MARKS = tuple(sorted({line.split("{by}")[0].strip() for line in
                               [*telegram_render.OUTCOMES.values(),
                                *slack_render.OUTCOMES.values()]}))
 """What only a decided card shows (the outcome line without its `by`)."""
-DECIDED = {Verdict.APPROVE: "approved", Verdict.DENY: "denied", Verdict.ALWAYS: "always"}
+DECIDED = {Verdict.APPROVE: "approved", Verdict.DENY: "denied", Verdict.ALWAYS: "always",
+           Verdict.SESSION: "session"}
 RUNS: list[str] = []
 """The tokens of the `mark` calls that ran, in order."""
 
@@ -288,11 +291,12 @@ def classify(sent: Sent, card: Card, older: list[Card], approvers: set[str],
     press, user = sent.press, sent.user
     cancel = not foreign and user not in strangers and press.what in ("cancel", "cancel_turn")
     if sent.conv == card.conv and not foreign:
-        sent.cancels = cancel
+        sent.cancels = cancel and (user == card.requester or user in approvers)  # who may
         if press.what == "real" and (user == card.requester or user in approvers):
             sent.decides = press.verdict
     if cancel and press.where == "old_card":
-        sent.ends_old = next((o.approval_id for o in older if o.conv == sent.conv), None)
+        sent.ends_old = next((o.approval_id for o in older if o.conv == sent.conv
+                              and (user == o.requester or user in approvers)), None)
     return sent
 
 
@@ -403,9 +407,10 @@ class Fuzz:
         assert set(ran) <= {card.token}, f"another call ran: {ran}\n{context}"
         count = RUNS.count(card.token)
         assert count <= 1, f"the call ran {count} times\n{context}"
-        if status not in ("approved", "always"):
+        if status not in ("approved", "always", "session"):
             assert count == 0, f"the call ran while {status}\n{context}"
-        elif not ran and not any(s.cancels for s in batch) and status in ("approved", "always"):
+        elif not ran and not any(s.cancels for s in batch) \
+                and status in ("approved", "always", "session"):
             assert count == 1, f"{status}, but the call did not run\n{context}"
 
     def check_edits(self, card: Card, may_edit: bool, ended: set[tuple[str, str]],
