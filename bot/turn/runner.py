@@ -31,13 +31,13 @@ from bot.core.history import CallState, Msg, Outcome, Said, tool_result
 from bot.llm import Completion, ContextExceeded
 from bot.store import ApprovalRow, ConvRow
 from bot.tools import outcome_of, parse_arguments
-from bot.turn import compaction, model_choice, policy, rules, streaming, taint
-from bot.turn.budget import spender
-from bot.turn.cancel import CancelSignal, unless_cancelled
+from bot.turn import model_choice, policy, rules, streaming
+from bot.turn.cancel import CancelSignal
 from bot.turn.conversation import Conversation
 from bot.turn.deps import Deps as Deps  # `bot.turn.runner.Deps` as before
 from bot.turn.prompt import Request
 from bot.turn.streaming import Scratch
+from bot.turn.trimming import trim_history
 from bot.turn.usage import Spent
 
 log = logging.getLogger(__name__)
@@ -159,27 +159,7 @@ class Runner:
         return True
 
     async def _trim(self, conv: Conversation, cancel: CancelSignal | None = None) -> None:
-        window = await self.window()
-        if not self._trim_to_low_water(conv, window) or not self.d.config.context.summary:
-            return
-        dropped = [m for m in conv.history[:conv.cut] if (m.id or 0) > conv.summary_through]
-        if not dropped:
-            return
-        text = await unless_cancelled(compaction.summarize(
-            self.d.model, taint.without_untrusted(dropped, self.d.tools), conv.summary,
-            self.d.config.context.summary_max_tokens, spend=spender(
-                self.budget, conv.row, conv.turn.requester if conv.turn else "")),
-            cancel)  # a /stop meanwhile counts
-        if text is None:
-            return  # the plain trim stands
-        through = max(m.id or 0 for m in dropped)
-        await self.d.store.set_summary(conv.row.id, conv.row.session, through, text)
-        conv.summary, conv.summary_through = text, through
-        self._trim_to_low_water(conv, window)  # the summary takes room
-
-    def _trim_to_low_water(self, conv: Conversation, window: int) -> bool:
-        budget = self.d.prompt.history_budget(conv, window)
-        return conv.trim_to(budget, int(budget * self.d.config.context.low_water))
+        await trim_history(self.d, conv, await self.window(), cancel)
 
     @staticmethod
     def _keep(conv: Conversation, state: t.TurnState, *, done: bool) -> None:
