@@ -59,6 +59,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(autouse=True)
 def _deep_examples(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under the deep profile, each property test draws DEEP_FACTOR times its examples."""
+    machine = getattr(request.node, "cls", None)  # a state machine's TestCase
+    if PROFILE == "deep" and isinstance(getattr(machine, "settings", None), settings):
+        steps = machine.settings  # type: ignore[union-attr]
+        machine.settings = settings(steps, max_examples=steps.max_examples * DEEP_FACTOR)
+        try:
+            yield
+        finally:
+            machine.settings = steps
+        return
     test = getattr(request.node, "obj", None)
     test = getattr(test, "__func__", test)
     own = getattr(test, "_hypothesis_internal_use_settings", None)
