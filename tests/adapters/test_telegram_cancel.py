@@ -316,7 +316,7 @@ async def test_a_turn_paused_for_approval_drops_its_status_message(
         await r.until(lambda: fake.message(ANN, status.message_id).deleted)
         assert with_buttons(r, ANN) == [card]  # the card's buttons are the only ones
         assert all(b.startswith(f"ap:{approval_id}:") for b in buttons(card))
-        assert len(buttons(card)) == 3
+        assert len(buttons(card)) == 4  # once, deny, this conversation, always
         assert "I will write it." in fake.bot_texts(ANN)  # what the model said stays
         assert watch.ended() == []  # paused, not over
         r.press(ANN, ANN, card, approval_id, Verdict.APPROVE)
