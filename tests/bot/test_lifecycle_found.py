@@ -3,8 +3,6 @@ as plain tests (each keeps the machine's invariants between its steps)."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.bot.test_lifecycle_stateful import SteerMachine
 
 
@@ -16,9 +14,10 @@ def checked(state: SteerMachine) -> None:
     state.the_model_accepts_every_history()
 
 
-@pytest.mark.xfail(strict=True, reason="a card stays live after /new when a message was "
-                   "steered into a turn waiting for approval (deep profile, seed 1156190044)")
-def test_new_after_messages_steered_into_waiting_turns_leaves_no_live_card() -> None:
+def test_new_ends_the_waiting_card_and_answers_the_message_that_waited_for_it() -> None:
+    """Found by the deep profile (seed 1156190044): a message sent while the model was
+    still thinking waits for the card that turn shows; `/new` ends that turn and closes
+    its card, and the message is answered then, in the new session (its card is live)."""
     state = SteerMachine()
     try:
         checked(state)
