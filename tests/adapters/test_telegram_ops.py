@@ -93,7 +93,9 @@ async def test_the_audit_log_records_approvals_runs_refusals_and_rules(
         with pytest.raises(StoreError, match="append-only"):
             await r.hub.d.store.prune_audit(rows[-1].at + 1)
         assert len(await r.hub.d.store.audit()) == len(rows)
-    entries = details(rows)
+    usage = [e for e in details(rows) if e[0] == "usage"]  # one per turn, its tokens
+    entries = [e for e in details(rows) if e[0] != "usage"]
+    assert len(usage) >= 3 and all(u[1] == str(ANN) for u in usage), usage
     kinds = [k for k, *_ in entries]
     assert kinds == ["asked", "refused", "decided", "tool",   # approved by Carol
                      "asked", "decided",                      # denied by Ann
@@ -114,12 +116,14 @@ async def test_the_audit_log_records_approvals_runs_refusals_and_rules(
 
     # `tandem audit`: a line per entry, or JSON; by conversation, since a time
     done = await tandem_audit(tmp_path, "--conversation", group, "--json")
-    printed = [json.loads(line) for line in done.stdout.splitlines()]
+    printed = [p for line in done.stdout.splitlines()
+               if (p := json.loads(line))["kind"] != "usage"]
     assert [p["kind"] for p in printed] == kinds[:10]
     assert printed[2]["actor"] == str(CAROL) and printed[2]["conversation"] == group
     done = await tandem_audit(tmp_path, "--since", "1h")
     lines = done.stdout.splitlines()
-    assert len(lines) == 11 and f"approved by {CAROL}: shell echo hi > out.txt" in lines[2]
+    assert len(lines) == 11 + len(usage)
+    assert f"approved by {CAROL}: shell echo hi > out.txt" in lines[2]
 
 
 async def test_an_expiry_is_audited_and_slash_audit_is_for_approvers(
