@@ -108,8 +108,9 @@ class UserMessage:
     around: ConvKey | None = None
     """Where the talk around the message is kept when that is not `conv` (a Slack channel
     whose mention starts a thread)."""
-    queued: bool = False
-    """It came while a turn ran (it waits for that turn, and for a card that turn shows)."""
+    received_at: float = 0.0
+    """When Tandem took it (`time.time()`; 0: not known, as for one replayed after a
+    restart). One taken before a card existed does not supersede that card."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from typing import Any, Protocol
 
 from bot.core.events import (
@@ -131,14 +132,13 @@ class Hub:
         return Receipt(True)
 
     async def _message(self, item: UserMessage) -> UserMessage:
-        """A message for its lane: kept as said; one that waits behind a turn is told so
-        (👀) and marked as sent before any card that turn shows (`Worker._messages`)."""
+        """A message for its lane: kept as said, stamped with when it came (a card shown
+        after it is not superseded by it: `Worker._messages`); one that waits behind a
+        turn is told so (👀)."""
         await self.intake.talk.said(item)
         if self.lanes.running(item.conv):
             await self.d.emit(Queued(item.conv, item.ref))
-        if self.lanes.running(item.conv) or self.lanes.busy(item.conv):
-            return dataclasses.replace(item, queued=True)
-        return item
+        return dataclasses.replace(item, received_at=time.time())
 
     async def cancel(self, item: Cancel) -> Receipt:
         """Out of band: the running turn (the button's own) stops at its next checkpoint,

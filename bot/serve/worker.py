@@ -218,7 +218,7 @@ class Worker:
         if not batch:
             return
         batch = list({m.ref or id(m): m for m in batch}.values())  # one copy of each
-        if conv.turn is not None and all(m.queued for m in batch):
+        if conv.turn is not None and await self._before_its_card(conv, batch):
             await self._after_decision(conv, batch)
             return
         refs = [m.ref for m in batch if m.ref]
@@ -239,6 +239,12 @@ class Worker:
             await self._end_waiting(conv, t.supersede(
                 conv.turn, self.runner.limits, "the user sent a new message instead of deciding"))
         await self._start(conv, said, batch[-1].user.id, False, refs, cancel)
+
+    async def _before_its_card(self, conv: Conversation, batch: list[UserMessage]) -> bool:
+        """Every message came before the waiting turn showed its first card."""
+        shown = [a.created_at for a in await self.d.store.pending_approvals(conv.row.id)
+                 if a.session == conv.row.session]
+        return bool(shown) and all(0 < m.received_at < min(shown) for m in batch)
 
     async def _after_decision(self, conv: Conversation, batch: list[UserMessage]) -> None:
         """Messages sent while the turn was still working, before the card it then showed:

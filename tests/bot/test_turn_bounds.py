@@ -21,6 +21,7 @@ from bot.core.events import (
     Event,
     Notice,
     Progress,
+    Trigger,
     TurnEnded,
     TurnStarted,
     UserMessage,
@@ -342,3 +343,21 @@ async def test_memory_holds_the_window_not_the_whole_session(
     assert in_memory <= 2 * in_view + 2  # at most one turn beyond it, not the session
     assert dropped == 20 - in_view
     assert "question 19" in str(last) and "question 0 " not in str(last)
+
+
+async def test_a_message_after_the_card_supersedes_it_while_the_lane_is_busy(
+        model: FakeModelServer, config_factory: Any) -> None:
+    """The card was shown first; the message comes while the conversation's lane handles
+    something else (a scheduled run that waits for the card): the message was sent after
+    the card, so it supersedes it and is answered."""
+    model.script(Reply(tool_calls=[ToolCallSpec("shell", {"command": "touch ran"})]),
+                 Reply(text="Something else, then."), Reply(text="The report."))
+    async with Core(config_factory()) as core:
+        await core.say("touch it")
+        await core.sink.wait(lambda: core.sink.of(ApprovalRequested))
+        await core.hub.idle()
+        core.hub.deliver(Trigger(core.key, "job1", "post the report", requester="u1"))
+        await core.say("no, something else")
+        ended = await core.sink.ended(2)
+    assert ended[0].text == "Something else, then."
+    assert [r.outcome for r in core.sink.of(ApprovalResolved)] == ["superseded"]
