@@ -386,5 +386,5 @@ async def test_the_terminal_revokes_a_rule_by_number_and_status_counts_after_new
     assert code == 0, err
     assert "1. shell: echo one" in out and "Revoke 1: /revoke " in out  # typed, not a button
     assert "Rule revoked: that call will ask again." in out
-    assert "No standing \"always\" rules in this chat." in out
+    assert "No standing rules in this chat." in out
     assert "This conversation: 0 prompt + 0 completion tokens, $0.0000" in out
