@@ -24,8 +24,8 @@ from tests.fakes.slack_server import FakeSlackServer
 from tests.fakes.telegram_server import FakeTelegram
 
 REPO = Path(__file__).resolve().parent.parent
-SECRETS = ("LLM_API_KEY", "TELEGRAM_BOT_TOKEN", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN",
-           "SLACK_SIGNING_SECRET")
+SECRETS = ("LLM_API_KEY", "TELEGRAM_BOT_TOKEN", "TELEGRAM_WEBHOOK_SECRET", "SLACK_BOT_TOKEN",
+           "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET")
 TOKEN = "123456:RIGHT-token_x"
 
 
