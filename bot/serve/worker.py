@@ -94,8 +94,10 @@ class Worker:
                 conv = await self.convs.get(key)
                 if self.lanes.shared:
                     batch = await self._unsettled(conv, batch)
-                elif self.lanes.fresh and conv.turn is not None and not conv.turn.waiting:
-                    await self._drive(conv, resumed=True)  # its process died before it went on
+                elif conv.turn is not None and not conv.turn.waiting:
+                    # decided, but never went on (its process died, or handling the press
+                    # failed after the decision was stored): it goes on before anything else
+                    await self._drive(conv, resumed=True)
                 if batch:
                     await self._dispatch(conv, batch)
         except Exception as exc:

@@ -90,12 +90,15 @@ def spec(kind: str, n: int, fixed: bool) -> ToolCallSpec:
 
 
 class DiesAfterTheDecision:
-    """Stands in for a kill right after a decision is stored: showing it fails, so the
-    turn never goes on in this process (the store keeps what was decided)."""
+    """Stands in for a kill right after a decision is stored: the process freezes as it
+    shows it (`dead`), and once its lanes are closed (nothing of it may go on, like a
+    message that waited for the card) showing it fails (`release`)."""
 
     def __init__(self, sink: Recorder) -> None:
         self.sink = sink
         self.killed = False
+        self.dead = asyncio.Event()
+        self.release = asyncio.Event()
 
     async def emit(self, event: Any) -> None:
         if self.killed:  # a dead process shows nothing more
@@ -103,6 +106,8 @@ class DiesAfterTheDecision:
         await self.sink.emit(event)
         if isinstance(event, ApprovalResolved):
             self.killed = True
+            self.dead.set()
+            await self.release.wait()
             raise RuntimeError("killed")
 
 
@@ -382,8 +387,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         core.dispatch.sinks["console"] = dying
         try:
             await core.hub.submit(Decision(core.key, core.user, approval_id, verdict))
-            await core.hub.idle()
+            idle = asyncio.ensure_future(core.hub.idle())
+            dead = asyncio.ensure_future(dying.dead.wait())
+            await asyncio.wait({idle, dead}, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in (idle, dead):
+                waiting.cancel()
+            if dying.killed:  # the dead process's work ends with it
+                closed = asyncio.ensure_future(core.hub.lanes.close())
+                await asyncio.sleep(0)  # its lanes drop what waits, then wait for the turn
+                dying.release.set()
+                await closed
         finally:
+            dying.release.set()
             core.dispatch.sinks["console"] = core.sink
         event(f"decide_then_killed: {verdict.value}, {'killed' if dying.killed else 'lived'}")
         ended = len(self.events(TurnEnded))
