@@ -55,9 +55,7 @@ class Hub:
         self.worker = Worker(self.runner, self.intake, access, scheduler, lanes)
         self.lanes, self.convs = self.worker.lanes, self.worker.convs
         self.approvals = self.worker.approvals
-        self.per_user = any(getattr(deps.config, p).groups.sessions == "per_user"
-                            for p in ("telegram", "slack"))
-        """Members have their own conversations in groups: presses name the group."""
+        self.owners = members.Owners(deps.config, deps.store)  # whose conversation a press is
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -104,15 +102,14 @@ class Hub:
             return Receipt(False, "Tandem is shutting down.")
         if isinstance(item, Aside):  # anyone's group talk, kept as context, never answered
             return Receipt(await self.intake.talk.aside(item))
-        if isinstance(item, Decision) and self.per_user:
-            item = await members.owner(self.d.store, item)
+        if isinstance(item, Decision):
+            item = await self.owners.of(item)
         receipt = await self.intake.accept(item)
         if not receipt.accepted and not receipt.duplicate:
             await self._refused(item, "access", receipt.note)
         if receipt.duplicate and self.lanes.shared and item.ref is not None \
                 and await self.d.store.inbound_open(item.ref):
-            # recorded by a worker that died before queueing it: this copy is queued (the
-            # queue holds one job per inbound id, the store starts one turn per inbound)
+            # a worker died before queueing it: this copy is (one job, one turn per inbound)
             log.info("inbound %s was recorded but not processed; queueing it", item.ref)
             receipt = Receipt(True)
         if not receipt.accepted:
@@ -132,9 +129,7 @@ class Hub:
         return Receipt(True)
 
     async def _message(self, item: UserMessage) -> UserMessage:
-        """A message for its lane: kept as said, stamped with when it came (a card shown
-        after it is not superseded by it: `Worker._messages`); one that waits behind a
-        turn is told so (👀)."""
+        """Kept as said, stamped with when it came (`Worker._messages`), 👀 if it waits."""
         await self.intake.talk.said(item)
         if self.lanes.running(item.conv):
             await self.d.emit(Queued(item.conv, item.ref))
@@ -143,8 +138,7 @@ class Hub:
     async def cancel(self, item: Cancel) -> Receipt:
         """Out of band: the running turn (the button's own) stops at its next checkpoint,
         on whichever worker runs it."""
-        if self.per_user:
-            item = await members.owner(self.d.store, item)
+        item = await self.owners.of(item)
         if (refusal := self.access.check(item)) is not None:
             await self._refused(item, "access", refusal)
             return Receipt(False, refusal)

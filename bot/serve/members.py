@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeVar
 
+from bot.core.config import Config
 from bot.core.events import Cancel, ConvKey, Decision
 from bot.store import Store
 
@@ -39,3 +40,16 @@ async def owner(store: Store, item: P) -> P:
     if found is None or found.member is None or found.place != item.conv:
         return item
     return dataclasses.replace(item, conv=found)
+
+
+class Owners:
+    """`owner` where members have their own conversations on some platform; elsewhere a
+    press keeps its key (no lookup)."""
+
+    def __init__(self, config: Config, store: Store) -> None:
+        self.store = store
+        self.per_user = any(section.groups.sessions == "per_user"
+                            for section in (config.telegram, config.slack))
+
+    async def of(self, item: P) -> P:
+        return await owner(self.store, item) if self.per_user else item
