@@ -8,7 +8,6 @@ spoken to by the real litellm; time is a clock the test moves (no sleeps).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +17,8 @@ from bot import llm
 from bot.core.config import LLMConfig, load_config
 from bot.core.errors import ModelStreamCut, ModelUnreachable
 from bot.llm.failover import Health, choosing, find, targets
-from tests.fakes.failing_model import FailingModel
+from tests.fakes.failing_model import Clock, FailingModel
 from tests.fakes.model_server import Reply
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def primary() -> AsyncIterator[FailingModel]:
-    async with FailingModel() as server:
-        yield server
-    assert server.violations == []
-
-
-@pytest.fixture
-async def backup() -> AsyncIterator[FailingModel]:
-    async with FailingModel() as server:
-        yield server
-    assert server.violations == []
 
 
 def client(primary: FailingModel, backup: FailingModel, clock: Clock | None = None,

@@ -28,32 +28,10 @@ from bot.store import Store
 from bot.store.backends import open_store
 from tests import pg
 from tests.conftest import Core, make_config
-from tests.fakes.failing_model import FailingModel
+from tests.fakes.failing_model import Clock, FailingModel
 from tests.fakes.model_server import Reply, ToolCallSpec
 
 FOOTER = "↪ answered by openai/backup: openai/fake is unavailable"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def primary() -> AsyncIterator[FailingModel]:
-    async with FailingModel() as server:
-        yield server
-    assert server.violations == []
-
-
-@pytest.fixture
-async def backup() -> AsyncIterator[FailingModel]:
-    async with FailingModel() as server:
-        yield server
-    assert server.violations == []
 
 
 def configure(tmp_path: Path, primary: FailingModel, backup: FailingModel,

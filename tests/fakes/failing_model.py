@@ -50,3 +50,13 @@ class FailingModel(FakeModelServer):
         response = await self._fault(request, Reply(fault=mode), 0)
         assert response is not None
         return response
+
+
+class Clock:
+    """A clock the test moves (`now`), for a model's cool-down."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
